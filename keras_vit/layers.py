@@ -1,0 +1,362 @@
+"""The Vision Transformer's building blocks as serialisable Keras 3 layers.
+
+Every layer computes with `keras.ops`, creates its sublayers with its own dtype policy (so
+`mixed_float16` / `mixed_bfloat16` work) and lists every constructor argument in `get_config`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_vit.pos_embed import resize_pos_embed
+
+__all__ = [
+    "PatchEncoder",
+    "ClassToken",
+    "PositionEmbedding",
+    "DropPath",
+    "TransformerBlock",
+    "TokenPooling",
+]
+
+_PACKAGE = "keras_vit"
+LAYER_NORM_EPSILON = 1e-6
+
+
+def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class PatchEncoder(keras.layers.Layer):
+    """Cuts an image into `patch_size` x `patch_size` patches and projects each to `hidden_size`.
+
+    Implemented as the equivalent stride-`patch_size` convolution (kernel HWIO, as in the
+    original checkpoints). Input `(batch, H, W, C)` with H and W divisible by `patch_size`;
+    output `(batch, (H/P)*(W/P), hidden_size)` in row-major patch order.
+    """
+
+    def __init__(
+        self,
+        patch_size: int,
+        hidden_size: int,
+        kernel_initializer="lecun_normal",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.patch_size = int(patch_size)
+        self.hidden_size = int(hidden_size)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.projection = keras.layers.Conv2D(
+            self.hidden_size,
+            kernel_size=self.patch_size,
+            strides=self.patch_size,
+            padding="valid",
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name="projection",
+        )
+
+    def _check_image_shape(self, input_shape) -> None:
+        if len(input_shape) != 4:
+            raise ValueError(
+                f"{self.name} expects images of shape (batch, height, width, channels), "
+                f"got shape {tuple(input_shape)}."
+            )
+        for axis, size in zip(("height", "width"), input_shape[1:3]):
+            if size is not None and size % self.patch_size:
+                fit = max(self.patch_size, size // self.patch_size * self.patch_size)
+                raise ValueError(
+                    f"Image {axis} {size} is not divisible by the patch size {self.patch_size}: "
+                    f"resize or crop the images to a multiple of {self.patch_size} "
+                    f"(e.g. {fit} or {fit + self.patch_size})."
+                )
+
+    def build(self, input_shape):
+        self._check_image_shape(input_shape)
+        self.projection.build(input_shape)
+
+    def call(self, images):
+        self._check_image_shape(images.shape)
+        patches = self.projection(images)
+        height, width = patches.shape[1], patches.shape[2]
+        if height is None or width is None:
+            shape = ops.shape(patches)
+            height, width = shape[1], shape[2]
+        return ops.reshape(patches, (-1, height * width, self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        height, width = input_shape[1], input_shape[2]
+        tokens = None if height is None or width is None else (height // self.patch_size) * (
+            width // self.patch_size
+        )
+        return (input_shape[0], tokens, self.hidden_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            patch_size=self.patch_size,
+            hidden_size=self.hidden_size,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            bias_initializer=keras.initializers.serialize(self.bias_initializer),
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class ClassToken(keras.layers.Layer):
+    """Prepends the learnable [class] token to a token sequence `(batch, N, D)` -> `(batch, N+1, D)`."""
+
+    def __init__(self, initializer="zeros", **kwargs):
+        super().__init__(**kwargs)
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, input_shape):
+        self.token = self.add_weight(
+            name="token", shape=(1, 1, input_shape[-1]), initializer=self.initializer
+        )
+
+    def call(self, tokens):
+        batch = ops.shape(tokens)[0]
+        cls = ops.broadcast_to(ops.cast(self.token, tokens.dtype), (batch, 1, tokens.shape[-1]))
+        return ops.concatenate([cls, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        length = None if input_shape[1] is None else input_shape[1] + 1
+        return (input_shape[0], length, input_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(initializer=keras.initializers.serialize(self.initializer))
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned 1-D position embedding for `num_prefix_tokens` + `grid_size` tokens.
+
+    `grid_size` is the patch grid `(height, width)`; the embedding has shape
+    `(1, num_prefix_tokens + height*width, D)`. `assign_resized` loads an embedding trained
+    on another grid, interpolated in 2-D with `resize_pos_embed`.
+    """
+
+    def __init__(
+        self,
+        grid_size: int | tuple[int, int],
+        num_prefix_tokens: int = 1,
+        initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.grid_size = _pair(grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.initializer = keras.initializers.get(
+            initializer or keras.initializers.RandomNormal(stddev=0.02)
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        if input_shape[1] is not None and input_shape[1] != self.num_tokens:
+            raise ValueError(
+                f"{self.name} was made for {self.num_tokens} tokens (grid {self.grid_size}, "
+                f"{self.num_prefix_tokens} prefix) but received {input_shape[1]}: build the model "
+                "for the image size you feed it."
+            )
+        self.embedding = self.add_weight(
+            name="embedding",
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=self.initializer,
+        )
+
+    def call(self, tokens):
+        return tokens + ops.cast(self.embedding, tokens.dtype)
+
+    def assign_resized(
+        self, pos_embed, old_grid=None, method: str = "bicubic", antialias: bool = True
+    ) -> None:
+        """Set the embedding from one trained on any grid, resampled to this layer's grid."""
+        resized = resize_pos_embed(
+            np.asarray(pos_embed, dtype="float32"),
+            self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            old_grid=old_grid,
+            method=method,
+            antialias=antialias,
+        )
+        self.embedding.assign(resized.reshape(self.embedding.shape))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            initializer=keras.initializers.serialize(self.initializer),
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class DropPath(keras.layers.Layer):
+    """Stochastic depth: drops a whole residual branch per sample with probability `rate`."""
+
+    def __init__(self, rate: float = 0.0, seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"DropPath rate must be in [0, 1), got {rate}.")
+        self.rate = float(rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed) if rate > 0 else None
+
+    def call(self, inputs, training=None):
+        if not training or self.rate == 0.0:
+            return inputs
+        keep = 1.0 - self.rate
+        shape = (ops.shape(inputs)[0],) + (1,) * (len(inputs.shape) - 1)
+        mask = keras.random.uniform(shape, seed=self.seed_generator) < keep
+        return ops.where(mask, inputs / ops.cast(keep, inputs.dtype), ops.zeros_like(inputs))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(rate=self.rate, seed=self.seed)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class TransformerBlock(keras.layers.Layer):
+    """Pre-LayerNorm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper eq. 2-3).
+
+    Attention is `keras.layers.MultiHeadAttention` (fused `dot_product_attention` when no
+    attention dropout is used), whose kernels have the original checkpoints' layout: query,
+    key and value `(D, heads, D/heads)`, output `(heads, D/heads, D)`. The MLP is
+    D -> `mlp_dim` -> D with exact (erf) GELU. `dropout` follows every dense layer but the
+    query/key/value projections, as in the paper; `drop_path` is stochastic depth.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_dim: int,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        layer_norm_epsilon: float = LAYER_NORM_EPSILON,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout = float(dropout)
+        self.attention_dropout = float(attention_dropout)
+        self.drop_path = float(drop_path)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        if hidden_size % self.num_heads:
+            raise ValueError(
+                f"{self.name}: hidden size {hidden_size} is not divisible by {self.num_heads} heads."
+            )
+        policy = self.dtype_policy
+        dense_init = dict(
+            kernel_initializer="glorot_uniform",
+            bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),
+            dtype=policy,
+        )
+        self.norm1 = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=policy, name="norm1"
+        )
+        self.attention = keras.layers.MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=hidden_size // self.num_heads,
+            dropout=self.attention_dropout,
+            kernel_initializer="glorot_uniform",
+            dtype=policy,
+            name="attention",
+        )
+        self.norm2 = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=policy, name="norm2"
+        )
+        self.fc1 = keras.layers.Dense(self.mlp_dim, activation="gelu", name="fc1", **dense_init)
+        self.fc2 = keras.layers.Dense(hidden_size, name="fc2", **dense_init)
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy, name="dropout")
+        self.drop_path_layer = DropPath(self.drop_path, dtype=policy, name="drop_path")
+
+        self.norm1.build(input_shape)
+        self.attention.build(input_shape, input_shape)
+        self.norm2.build(input_shape)
+        self.fc1.build(input_shape)
+        self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+
+    def call(self, tokens, training=None, return_attention_scores: bool = False):
+        normed = self.norm1(tokens)
+        attended = self.attention(
+            normed,
+            normed,
+            training=training,
+            return_attention_scores=return_attention_scores,
+        )
+        if return_attention_scores:
+            attended, scores = attended
+        attended = self.dropout_layer(attended, training=training)
+        tokens = tokens + self.drop_path_layer(attended, training=training)
+
+        hidden = self.dropout_layer(self.fc1(self.norm2(tokens)), training=training)
+        hidden = self.dropout_layer(self.fc2(hidden), training=training)
+        tokens = tokens + self.drop_path_layer(hidden, training=training)
+        return (tokens, scores) if return_attention_scores else tokens
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            drop_path=self.drop_path,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+        )
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class TokenPooling(keras.layers.Layer):
+    """Reduces `(batch, tokens, D)` to `(batch, D)`: the [class] token, or the mean of patch tokens."""
+
+    MODES = ("token", "gap")
+
+    def __init__(self, mode: str = "token", num_prefix_tokens: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        if mode not in self.MODES:
+            raise ValueError(f"Unknown pooling {mode!r}: use one of {self.MODES}.")
+        self.mode = mode
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def call(self, tokens):
+        if self.mode == "token":
+            return tokens[:, 0]
+        return ops.mean(tokens[:, self.num_prefix_tokens :], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(mode=self.mode, num_prefix_tokens=self.num_prefix_tokens)
+        return config
