@@ -4,6 +4,8 @@ Importing the package registers its layers, so saved `.keras` models load withou
 `custom_objects`.
 """
 
+from keras_vit.converters import CheckpointError, inspect_checkpoint, load_checkpoint
+from keras_vit.hybrid import BottleneckUnit, StdConv2D
 from keras_vit.layers import (
     ClassToken,
     DropPath,
@@ -22,28 +24,50 @@ from keras_vit.models import (
     vit_h14,
     vit_l16,
     vit_l32,
+    vit_r26_b32,
+    vit_r26_s32,
+    vit_r50_b16,
+    vit_r50_l32,
+    vit_r_ti16,
     vit_s16,
     vit_s32,
     vit_ti16,
 )
 from keras_vit.pos_embed import resize_pos_embed
-from keras_vit.preprocessing import preprocess_input
+from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
+from keras_vit.pretrained import (
+    WeightsIntegrityError,
+    WeightsUnavailableError,
+    list_pretrained,
+    load_weights,
+)
 from keras_vit.variants import VARIANTS, ViTConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BottleneckUnit",
+    "CheckpointError",
     "ClassToken",
     "DropPath",
     "PatchEncoder",
     "PositionEmbedding",
+    "StdConv2D",
     "TokenPooling",
     "TransformerBlock",
     "VARIANTS",
     "ViTConfig",
+    "WeightsIntegrityError",
+    "WeightsUnavailableError",
     "build_vit",
     "create_model",
+    "decode_predictions",
+    "inspect_checkpoint",
     "list_models",
+    "list_pretrained",
+    "load_checkpoint",
+    "load_image",
+    "load_weights",
     "preprocess_input",
     "resize_pos_embed",
     "vit_b8",
@@ -52,6 +76,11 @@ __all__ = [
     "vit_h14",
     "vit_l16",
     "vit_l32",
+    "vit_r26_b32",
+    "vit_r26_s32",
+    "vit_r50_b16",
+    "vit_r50_l32",
+    "vit_r_ti16",
     "vit_s16",
     "vit_s32",
     "vit_ti16",

@@ -62,13 +62,13 @@ class PatchEncoder(keras.layers.Layer):
             name="projection",
         )
 
-    def _check_image_shape(self, input_shape) -> None:
+    def _check_image_shape(self, input_shape, channels: int | None = None) -> None:
         if len(input_shape) != 4:
             raise ValueError(
                 f"{self.name} expects images of shape (batch, height, width, channels), "
                 f"got shape {tuple(input_shape)}."
             )
-        for axis, size in zip(("height", "width"), input_shape[1:3]):
+        for axis, size in zip(("height", "width"), input_shape[1:3], strict=True):
             if size is not None and size % self.patch_size:
                 fit = max(self.patch_size, size // self.patch_size * self.patch_size)
                 raise ValueError(
@@ -76,13 +76,20 @@ class PatchEncoder(keras.layers.Layer):
                     f"resize or crop the images to a multiple of {self.patch_size} "
                     f"(e.g. {fit} or {fit + self.patch_size})."
                 )
+        if channels is not None and input_shape[-1] is not None and input_shape[-1] != channels:
+            raise ValueError(
+                f"{self.name} was built for images with {channels} channels but received "
+                f"{input_shape[-1]}: convert the images (e.g. grayscale to RGB with "
+                f"`np.repeat(images, 3, axis=-1)`) or build the model with channels={input_shape[-1]} "
+                "(pretrained patch kernels are adapted to it)."
+            )
 
     def build(self, input_shape):
         self._check_image_shape(input_shape)
         self.projection.build(input_shape)
 
     def call(self, images):
-        self._check_image_shape(images.shape)
+        self._check_image_shape(images.shape, channels=self.projection.kernel.shape[2])
         patches = self.projection(images)
         height, width = patches.shape[1], patches.shape[2]
         if height is None or width is None:
@@ -92,8 +99,10 @@ class PatchEncoder(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         height, width = input_shape[1], input_shape[2]
-        tokens = None if height is None or width is None else (height // self.patch_size) * (
-            width // self.patch_size
+        tokens = (
+            None
+            if height is None or width is None
+            else (height // self.patch_size) * (width // self.patch_size)
         )
         return (input_shape[0], tokens, self.hidden_size)
 
@@ -155,9 +164,7 @@ class PositionEmbedding(keras.layers.Layer):
         super().__init__(**kwargs)
         self.grid_size = _pair(grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
-        self.initializer = keras.initializers.get(
-            initializer or keras.initializers.RandomNormal(stddev=0.02)
-        )
+        self.initializer = keras.initializers.get(initializer or keras.initializers.RandomNormal(stddev=0.02))
 
     @property
     def num_tokens(self) -> int:

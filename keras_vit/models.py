@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from collections.abc import Sequence
 
 import keras
 import numpy as np
@@ -14,6 +15,7 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.pretrained import resolve_pretrained
 from keras_vit.variants import VARIANTS, ViTConfig, get_config
 
 POOLINGS = ("token", "gap", None)
@@ -36,19 +38,21 @@ def _image_hw(image_size: int | Sequence[int]) -> tuple[int, int]:
 
 def _token_grid(config: ViTConfig, height: int, width: int) -> tuple[int, int]:
     """Patch grid for an image, with an error that proposes valid sizes."""
+    feature_hw = (height, width)
     if config.is_hybrid:
         from keras_vit.hybrid import feature_map_size
 
-        height, width = feature_map_size(config, height, width)
-    patch = config.patch_size
-    for axis, size in (("height", height), ("width", width)):
+        feature_hw = feature_map_size(config, height, width)
+    patch, stride = config.patch_size, config.stride
+    for axis, image_side, size in zip(("height", "width"), (height, width), feature_hw, strict=True):
         if size % patch:
-            lower = max(patch, size // patch * patch)
+            lower = max(stride, image_side // stride * stride)
+            feature_map = f" (ResNet feature map {size})" if config.is_hybrid else ""
             raise ValueError(
-                f"{config.name}: image {axis} {size} is not divisible by the patch size {patch}; "
-                f"use a multiple of {patch}, e.g. image_size={lower} or {lower + patch}."
+                f"{config.name}: image {axis} {image_side}{feature_map} is not divisible by the patch "
+                f"size {patch}; use a multiple of {stride}, e.g. image_size={lower} or {lower + stride}."
             )
-    return height // patch, width // patch
+    return feature_hw[0] // patch, feature_hw[1] // patch
 
 
 def build_vit(
@@ -105,9 +109,7 @@ def build_vit(
     if pooling is not None:
         outputs = TokenPooling(pooling, name="pool")(outputs)
         if representation_size:
-            outputs = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(
-                outputs
-            )
+            outputs = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(outputs)
     if include_top:
         # Zero-initialised (paper §3.2) and float32 so mixed-precision models give float32 logits.
         outputs = keras.layers.Dense(
@@ -122,11 +124,11 @@ def build_vit(
 
 def create_model(
     variant: str,
-    pretrained: bool | str = False,
+    pretrained: bool | str | os.PathLike = False,
     *,
     image_size: int | Sequence[int] | None = None,
-    num_classes: int = 1000,
-    include_top: bool = True,
+    num_classes: int | None = None,
+    include_top: bool | None = None,
     pooling: str | None = "token",
     representation_size: int | None = None,
     dropout: float = 0.0,
@@ -140,17 +142,26 @@ def create_model(
 
     Args:
         variant: a name from `list_models()`, e.g. `"vit_b16"`.
-        pretrained: `False` for random weights (training init of the paper).
+        pretrained: `False` for random weights (training init of the paper); `True` for the
+            variant's default checkpoint; a tag (`"augreg_in21k_ft_in1k"` or
+            `"vit_b16.augreg_in21k_ft_in1k"`, see `keras_vit.list_pretrained()`); a local
+            checkpoint file (Google `.npz`, timm or Hugging Face `.safetensors` / `.bin`); or
+            a Hugging Face Hub repo id `"org/name"`. The model is built to fit the checkpoint:
+            unset `image_size`, `num_classes` and `representation_size` take its values, and
+            a model built from a tag is named after it (see `keras_vit.pretrained`).
         image_size: int or `(height, width)`; each side a multiple of the patch size.
-            Defaults to the variant's 224.
-        num_classes: classes of the zero-initialised head (used with `include_top=True`).
+            Defaults to the variant's 224, or the checkpoint's resolution; another size
+            resizes the position embedding.
+        num_classes: classes of the head, default 1000 or the checkpoint's; a count other
+            than the checkpoint's gives a new zero-initialised head.
         include_top: with `False`, the model returns the pooled representation
             `(batch, D)` (or `representation_size`), or with `pooling=None` the token
-            sequence `(batch, 1 + patches, D)` after the final LayerNorm.
+            sequence `(batch, 1 + patches, D)` after the final LayerNorm. Default `True`,
+            except for a checkpoint without a head (`orig_in21k`) and no `num_classes`.
         pooling: `"token"` (the [class] token, the paper's default), `"gap"` (mean of the
             patch tokens after the final LayerNorm) or `None`.
         representation_size: adds the pre-logits Dense+tanh layer of the original ImageNet-21k
-            checkpoints with this width.
+            checkpoints with this width; loaded from a checkpoint that has one, `0` drops it.
         dropout, attention_dropout, drop_path_rate: regularisation; stochastic depth grows
             linearly from 0 to `drop_path_rate` over the blocks.
         classifier_activation: activation of the head, e.g. `"softmax"`; `None` gives logits.
@@ -161,15 +172,18 @@ def create_model(
     expect: for all Google-trained checkpoints that is [-1, 1] (`keras_vit.preprocess_input`).
     """
     config = get_config(variant)
-    if pretrained is not False:
-        raise ValueError(
-            f"pretrained={pretrained!r} is not available yet: build with pretrained=False."
+    checkpoint = None
+    if pretrained is not False and pretrained is not None:
+        checkpoint = resolve_pretrained(pretrained, variant)
+        image_size, num_classes, include_top, representation_size = checkpoint.model_arguments(
+            config, image_size, num_classes, include_top, representation_size
         )
-    return build_vit(
+        name = name or checkpoint.tag
+    model = build_vit(
         config,
         image_size=config.image_size if image_size is None else image_size,
-        num_classes=num_classes,
-        include_top=include_top,
+        num_classes=1000 if num_classes is None else num_classes,
+        include_top=True if include_top is None else include_top,
         pooling=pooling,
         representation_size=representation_size,
         dropout=dropout,
@@ -179,6 +193,9 @@ def create_model(
         channels=channels,
         name=name,
     )
+    if checkpoint is not None:
+        checkpoint.load_into(model)
+    return model
 
 
 def list_models() -> list[str]:
@@ -229,3 +246,28 @@ def vit_l32(pretrained: bool | str = False, **kwargs) -> keras.Model:
 def vit_h14(pretrained: bool | str = False, **kwargs) -> keras.Model:
     """ViT-H/14: D=1280, 32 layers, 16 heads, MLP 5120. Arguments as `create_model`."""
     return create_model("vit_h14", pretrained, **kwargs)
+
+
+def vit_r50_b16(pretrained: bool | str = False, **kwargs) -> keras.Model:
+    """R50+ViT-B/16: BiT ResNet-50 stages (3, 4, 9) (stride 16), then ViT-B on 1x1 patches."""
+    return create_model("vit_r50_b16", pretrained, **kwargs)
+
+
+def vit_r50_l32(pretrained: bool | str = False, **kwargs) -> keras.Model:
+    """R50+ViT-L/32: BiT ResNet-50 stages (3, 4, 6, 3) (stride 32), then ViT-L on 1x1 patches."""
+    return create_model("vit_r50_l32", pretrained, **kwargs)
+
+
+def vit_r26_b32(pretrained: bool | str = False, **kwargs) -> keras.Model:
+    """R26+ViT-B/32: BiT ResNet-26 stages (2, 2, 2, 2) (stride 32), then ViT-B on 1x1 patches."""
+    return create_model("vit_r26_b32", pretrained, **kwargs)
+
+
+def vit_r26_s32(pretrained: bool | str = False, **kwargs) -> keras.Model:
+    """R26+ViT-S/32: BiT ResNet-26 stages (2, 2, 2, 2) (stride 32), then ViT-S on 1x1 patches."""
+    return create_model("vit_r26_s32", pretrained, **kwargs)
+
+
+def vit_r_ti16(pretrained: bool | str = False, **kwargs) -> keras.Model:
+    """R+ViT-Ti/16: BiT root block only (stride 4), then ViT-Ti on 8x8 patches (32 px per token)."""
+    return create_model("vit_r_ti16", pretrained, **kwargs)

@@ -8,7 +8,7 @@ separable 1-D weight matrices (rows = output pixels) that reproduce PyTorch exac
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

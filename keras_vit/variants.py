@@ -11,6 +11,7 @@ class ViTConfig:
 
     `patch_size` is the patch on the Transformer's input: the image for plain models, the
     ResNet feature map for hybrids (`resnet_stages` set: BiT units per stage, `()` = stem only).
+    `stem_numerics` picks the hybrid stem's epsilons: `"timm"` or `"jax"` (see `keras_vit.hybrid`).
     """
 
     name: str
@@ -21,6 +22,7 @@ class ViTConfig:
     mlp_dim: int
     resnet_stages: tuple[int, ...] | None = None
     image_size: int = 224
+    stem_numerics: str = "timm"
 
     @property
     def is_hybrid(self) -> bool:
@@ -60,6 +62,12 @@ VARIANTS: dict[str, ViTConfig] = {
         _plain("l", 16),
         _plain("l", 32),
         _plain("h", 14),
+        # Hybrids (paper §3.1): ViT on 1x1 patches of a BiT ResNet feature map (8x8 for r_ti16).
+        ViTConfig("vit_r50_b16", 1, *WIDTHS["b"], resnet_stages=(3, 4, 9)),
+        ViTConfig("vit_r50_l32", 1, *WIDTHS["l"], resnet_stages=(3, 4, 6, 3)),
+        ViTConfig("vit_r26_b32", 1, *WIDTHS["b"], resnet_stages=(2, 2, 2, 2)),
+        ViTConfig("vit_r26_s32", 1, *WIDTHS["s"], resnet_stages=(2, 2, 2, 2)),
+        ViTConfig("vit_r_ti16", 8, *WIDTHS["ti"], resnet_stages=()),
     )
 }
 

@@ -5,6 +5,15 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 
+# torchvision (imported by timm) segfaults when loaded after TensorFlow on this stack
+# (TF 2.21 + torch 2.14.1): the reference libraries must be imported first.
+try:
+    import timm  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+except ImportError:  # the references are test extras; tests that need them skip
+    pass
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -1,0 +1,416 @@
+"""Recognise a checkpoint's format, describe its architecture, and load it into a keras_vit model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import keras
+import numpy as np
+
+from keras_vit.converters import common, convert_google_npz, convert_hf, convert_timm
+from keras_vit.converters.common import CanonicalTensor, Conversion
+from keras_vit.converters.errors import CheckpointError
+from keras_vit.converters.reading import read_checkpoint, resolve_checkpoint_file
+from keras_vit.variants import VARIANTS, WIDTHS
+
+__all__ = ["FORMATS", "CheckpointInfo", "detect_format", "inspect_checkpoint", "load_checkpoint"]
+
+FORMATS: dict[str, ModuleType] = {
+    "google_npz": convert_google_npz,
+    "timm": convert_timm,
+    "hf": convert_hf,
+}
+_FORMAT_KEYS = {
+    "google_npz": "Google .npz ('embedding/kernel', 'Transformer/encoderblock_0/...', optionally under "
+    "'opt/target/', 'params/' or 'params/img/')",
+    "timm": "timm ('patch_embed.proj.weight', 'cls_token', 'pos_embed', 'blocks.0.attn.qkv.weight', ...)",
+    "hf": "Hugging Face transformers ('[vit.]embeddings.patch_embeddings.projection.weight', "
+    "'[vit.]encoder.layer.0...')",
+}
+_BLOCK_NAME = re.compile(r"block_(\d+)")
+_HEAD_DIM = 64  # ViT's head width, for checkpoints of a width keras_vit.variants does not list
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """The architecture a checkpoint was trained with: what a model needs to fit it.
+
+    `grid` is the patch grid of its position embedding, `num_classes` its head's classes
+    (`None`: no head), `representation_size` its pre-logits width (`None`: none), `variant`
+    the matching name in `keras_vit.variants.VARIANTS` (`None` if no variant matches).
+    """
+
+    format: str
+    hidden_size: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+    patch_size: int
+    grid: tuple[int, int]
+    channels: int
+    num_classes: int | None
+    representation_size: int | None
+    variant: str | None
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """A checkpoint read, recognised and normalised, before its conversion for a given head count."""
+
+    format: str
+    flat: dict[str, np.ndarray]
+    stored_heads: int | None  # from the weights' shapes or config.json; None if not recorded
+    stored_grid: tuple[int, int] | None  # from config.json; None if not recorded
+    label: str
+
+    @property
+    def module(self) -> ModuleType:
+        return FORMATS[self.format]
+
+
+def detect_format(state: Mapping[str, object]) -> str:
+    """`"google_npz"`, `"timm"` or `"hf"`, recognised from the checkpoint's keys."""
+    keys = set(state)
+    found = [name for name, module in FORMATS.items() if module.matches(keys)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise CheckpointError(
+            f"The checkpoint's keys match several formats {found}: pass format=one of them."
+        )
+    expected = "; ".join(_FORMAT_KEYS.values())
+    raise CheckpointError(
+        f"Unrecognised checkpoint layout: expected a ViT checkpoint in one of these formats: {expected}. "
+        f"Found {len(keys)} keys, e.g. {sorted(keys)[:10]}."
+    )
+
+
+def _hf_config(path: Path) -> dict:
+    """The transformers `config.json` next to a checkpoint file, or `{}`."""
+    config_path = path.parent / "config.json"
+    if not config_path.is_file():
+        return {}
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"Cannot read {config_path} ({error}): fix or delete it.") from None
+
+
+def _config_grid(config: dict) -> tuple[int, int] | None:
+    image, patch = config.get("image_size"), config.get("patch_size")
+    if image is None or not isinstance(patch, int):
+        return None
+    height, width = (image, image) if isinstance(image, int) else image
+    return height // patch, width // patch
+
+
+def _read(source, format: str | None) -> _Checkpoint:
+    path = None if isinstance(source, Mapping) else resolve_checkpoint_file(source)
+    if path is None:
+        state, label = {str(key): np.asarray(value) for key, value in source.items()}, "state dict"
+    else:
+        state, label = read_checkpoint(path), str(path)
+    if format is None:
+        format = detect_format(state)
+    elif format not in FORMATS:
+        raise CheckpointError(f"Unknown checkpoint format {format!r}: use one of {sorted(FORMATS)}.")
+    config = _hf_config(path) if format == "hf" and path is not None else {}
+    module = FORMATS[format]
+    flat = module.normalise(state)
+    stem = sorted(key for key in flat if module.is_stem_key(key))
+    if stem:
+        # Hybrid ResNet+ViT checkpoints: the stem keys would be mapped here, per format.
+        raise CheckpointError(
+            f"The {format} checkpoint {label} is a hybrid ResNet+ViT (it has ResNet stem keys such as "
+            f"{stem[:3]}): hybrid checkpoints are not supported by this loader yet. Use a plain ViT "
+            "checkpoint."
+        )
+    stored_heads = module.num_heads(flat) or config.get("num_attention_heads")
+    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label)
+
+
+def _default_heads(hidden_size: int) -> int:
+    """The head count of keras_vit's variant of this width, else hidden_size / 64."""
+    for width, _depth, heads, _mlp in WIDTHS.values():
+        if width == hidden_size:
+            return heads
+    if hidden_size % _HEAD_DIM:
+        raise CheckpointError(
+            f"Cannot tell the number of attention heads of a checkpoint of width {hidden_size}: no keras_vit "
+            f"variant has that width and it is not a multiple of {_HEAD_DIM}."
+        )
+    return hidden_size // _HEAD_DIM
+
+
+def _grid(tokens: int, stored: tuple[int, int] | None) -> tuple[int, int]:
+    """The patch grid of `tokens` patch positions: as recorded, else the square one."""
+    if stored is not None and stored[0] * stored[1] == tokens:
+        return stored
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise CheckpointError(
+            f"Cannot infer the patch grid of a position embedding with {tokens} patch positions (not a "
+            "square): build the model for the checkpoint's own resolution so that no resizing is needed."
+        )
+    return side, side
+
+
+def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
+    tensors = conversion.tensors
+    needed = (common.PATCH_KERNEL, common.POS_EMBED, "block_0/fc1/kernel")
+    missing = [name for name in needed if name not in tensors]
+    if missing:
+        raise CheckpointError(
+            f"The {checkpoint.format} checkpoint {checkpoint.label} is incomplete: nothing fills {missing}."
+        )
+    kernel = tensors[common.PATCH_KERNEL].value
+    pos_embed = tensors[common.POS_EMBED].value
+    if kernel.ndim != 4 or pos_embed.ndim != 3:
+        raise CheckpointError(
+            f"Unexpected patch kernel {kernel.shape} / position embedding {pos_embed.shape} in "
+            f"{checkpoint.label}: expected (P, P, C, D) and (1, tokens, D)."
+        )
+    hidden_size = int(kernel.shape[3])
+    depth = 1 + max(int(_BLOCK_NAME.match(name).group(1)) for name in tensors if _BLOCK_NAME.match(name))
+    num_heads = int(checkpoint.stored_heads or _default_heads(hidden_size))
+    mlp_dim = int(tensors["block_0/fc1/kernel"].value.shape[-1])
+    patch_size = int(kernel.shape[0])
+    head = tensors.get(common.HEAD_KERNEL)
+    pre_logits = tensors.get(common.PRE_LOGITS_KERNEL)
+    architecture = (patch_size, hidden_size, depth, num_heads, mlp_dim)
+    variant = next(
+        (
+            name
+            for name, config in VARIANTS.items()
+            if not config.is_hybrid
+            and (config.patch_size, config.hidden_size, config.depth, config.num_heads, config.mlp_dim)
+            == architecture
+        ),
+        None,
+    )
+    return CheckpointInfo(
+        format=checkpoint.format,
+        hidden_size=hidden_size,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        patch_size=patch_size,
+        grid=_grid(pos_embed.shape[1] - 1, checkpoint.stored_grid),
+        channels=int(kernel.shape[2]),
+        num_classes=None if head is None else int(head.value.shape[-1]),
+        representation_size=None if pre_logits is None else int(pre_logits.value.shape[-1]),
+        variant=variant,
+    )
+
+
+def inspect_checkpoint(
+    state_or_path: Mapping[str, np.ndarray] | str | os.PathLike, *, format: str | None = None
+) -> CheckpointInfo:
+    """The architecture of a checkpoint (a path, or a state dict from `read_checkpoint`).
+
+    Head counts come from the weights where the format stores them per head (Google .npz),
+    from `config.json` next to a transformers file, and otherwise from the keras_vit variant of
+    the same width (hidden_size / 64 for other widths).
+    """
+    checkpoint = _read(state_or_path, format)
+    heads = checkpoint.stored_heads
+    if heads is None:
+        patch = checkpoint.module.convert(checkpoint.flat, None).tensors.get(common.PATCH_KERNEL)
+        heads = _default_heads(int(patch.value.shape[-1])) if patch is not None else None
+    return _info(checkpoint, checkpoint.module.convert(checkpoint.flat, heads))
+
+
+def _source_grid(pos_embed: np.ndarray, checkpoint: _Checkpoint, layer) -> tuple[int, int]:
+    """The checkpoint's patch grid; an unrecorded non-square one is the model's if the counts agree."""
+    tokens = pos_embed.shape[1] - layer.num_prefix_tokens
+    try:
+        return _grid(tokens, checkpoint.stored_grid)
+    except CheckpointError:
+        if tokens == layer.grid_size[0] * layer.grid_size[1]:
+            return tuple(layer.grid_size)
+        raise
+
+
+def _model_targets(model: keras.Model) -> dict[str, keras.Variable]:
+    """Every weight of `model` by its path relative to the model (e.g. `block_0/fc1/kernel`)."""
+    return {
+        layer.name + variable.path[len(layer.path) :]: variable
+        for layer in model.layers
+        for variable in layer.weights
+    }
+
+
+def _model_summary(layers: dict[str, keras.layers.Layer]) -> str:
+    blocks = [name for name in layers if _BLOCK_NAME.fullmatch(name)]
+    first, patch = layers["block_0"], layers["patch_embed"]
+    return (
+        f"hidden_size {patch.hidden_size}, depth {len(blocks)}, num_heads {first.num_heads}, "
+        f"mlp_dim {first.mlp_dim}, patch_size {patch.patch_size}"
+    )
+
+
+def _checkpoint_summary(checkpoint: _Checkpoint, conversion: Conversion) -> str:
+    try:
+        info = _info(checkpoint, conversion)
+    except CheckpointError:
+        return "architecture not recognised"
+    variant = f" = {info.variant}" if info.variant else ""
+    return (
+        f"hidden_size {info.hidden_size}, depth {info.depth}, num_heads {info.num_heads}, "
+        f"mlp_dim {info.mlp_dim}, patch_size {info.patch_size}{variant}"
+    )
+
+
+def _skipped_parts(
+    layers: dict[str, keras.layers.Layer], tensors: dict[str, CanonicalTensor]
+) -> tuple[bool, bool, list[str]]:
+    """Whether the head and the pre-logits layer stay out of the load, and the warnings that say so."""
+    notes = []
+    head = layers.get("head")
+    checkpoint_head = tensors.get(common.HEAD_KERNEL) or tensors.get(common.HEAD_BIAS)
+    skip_head = head is None or checkpoint_head is None or checkpoint_head.value.shape[-1] != head.units
+    if head is not None and checkpoint_head is None:
+        notes.append("The checkpoint has no classification head: the model's head keeps its initial weights.")
+    elif skip_head and head is not None:
+        notes.append(
+            f"The checkpoint's head has {checkpoint_head.value.shape[-1]} classes and the model's "
+            f"{head.units}: the head is not loaded and keeps its zero initialisation (paper §3.2), "
+            "to be fine-tuned."
+        )
+    skip_pre_logits = "pre_logits" not in layers
+    if skip_pre_logits and common.PRE_LOGITS_KERNEL in tensors:
+        width = tensors[common.PRE_LOGITS_KERNEL].value.shape[-1]
+        notes.append(
+            f"The checkpoint's pre-logits layer ({width} wide) is skipped: the model has none; build it "
+            f"with representation_size={width} to use it."
+        )
+    return skip_head, skip_pre_logits, notes
+
+
+def _describe(tensor: CanonicalTensor) -> str:
+    return f"{tensor.source} {tensor.source_shape}"
+
+
+def load_checkpoint(
+    model: keras.Model,
+    source: Mapping[str, np.ndarray] | str | os.PathLike,
+    *,
+    format: str | None = None,
+) -> None:
+    """Copy a checkpoint's weights into a keras_vit `model`, every tensor by name, shapes checked.
+
+    `source` is a checkpoint path (file, or a directory with `model.safetensors` /
+    `pytorch_model.bin`) or a state dict; `format` (`"google_npz"`, `"timm"`, `"hf"`) is
+    detected from the keys when not given. Rules, as timm applies them:
+
+    - a position embedding for another patch grid is resampled to the model's
+      (`PositionEmbedding.assign_resized`: bicubic, antialiased, as timm's `checkpoint_filter_fn`);
+    - a head with another class count, or none in the checkpoint, is not loaded: the model's
+      head keeps its zero initialisation (paper §3.2), with a warning; a model without `head`
+      (`include_top=False`) simply skips it;
+    - a checkpoint's pre-logits layer (Google `pre_logits`, transformers `pooler`) loads into
+      the model's `pre_logits` (`representation_size`), or is skipped with a warning;
+    - for a model with other input `channels`, the patch kernel is adapted as timm's
+      `adapt_input_conv` does (summed for 1 channel, else repeated and rescaled).
+
+    Everything else must match exactly: checkpoint keys that fill no weight, model weights that
+    get no value, and shape mismatches all raise one `CheckpointError` that lists them, before
+    any weight is changed. LayerNorm epsilon is the model's (1e-6, Google's value) whatever the
+    transformers `config.json` says (its default 1e-12 differs from 1e-6 by ~1e-6 relative).
+    """
+    layers = {layer.name: layer for layer in model.layers}
+    missing_layers = [
+        name for name in ("patch_embed", "class_token", "pos_embed", "block_0") if name not in layers
+    ]
+    if missing_layers:
+        raise CheckpointError(
+            f"Model {model.name!r} has no {missing_layers} layers: checkpoints load into keras_vit models "
+            "(keras_vit.create_model / build_vit)."
+        )
+    model_heads = layers["block_0"].num_heads
+    checkpoint = _read(source, format)
+    conversion = checkpoint.module.convert(checkpoint.flat, model_heads)
+    tensors = conversion.tensors
+    targets = _model_targets(model)
+    skip_head, skip_pre_logits, notes = _skipped_parts(layers, tensors)
+
+    assignments: list[tuple[keras.Variable, np.ndarray]] = []
+    resized_pos_embed: tuple[np.ndarray, tuple[int, int]] | None = None
+    mismatched, unused, problems = [], [_describe_key(key, checkpoint.flat) for key in conversion.unused], []
+    for name, tensor in tensors.items():
+        if (name.startswith("head/") and skip_head) or (name.startswith("pre_logits/") and skip_pre_logits):
+            continue
+        variable = targets.get(name)
+        if variable is None:
+            unused.append(_describe(tensor))
+            continue
+        expected, value = tuple(variable.shape), tensor.value
+        if (
+            name == common.POS_EMBED
+            and value.ndim == 3
+            and value.shape[0] == 1
+            and value.shape[2] == expected[2]
+        ):
+            try:
+                source_grid = _source_grid(value, checkpoint, layers["pos_embed"])
+            except CheckpointError as error:
+                problems.append(str(error))
+                continue
+            if source_grid != tuple(layers["pos_embed"].grid_size):
+                resized_pos_embed = value, source_grid
+                continue
+        if name == common.PATCH_KERNEL and value.ndim == 4 and len(expected) == 4:
+            if value.shape[:2] + value.shape[3:] == expected[:2] + expected[3:]:
+                value = common.adapt_input_conv(value, expected[2])
+        if tuple(value.shape) != expected:
+            mismatched.append(f"{_describe(tensor)} -> {name} {expected}")
+        else:
+            assignments.append((variable, value))
+    missing = [
+        f"{name} {tuple(variable.shape)}"
+        for name, variable in targets.items()
+        if name not in tensors and not (name.startswith("head/") and skip_head)
+    ]
+    if checkpoint.stored_heads is not None and checkpoint.stored_heads != model_heads:
+        problems.append(
+            f"The checkpoint has {checkpoint.stored_heads} attention heads, the model {model_heads}."
+        )
+
+    if mismatched or unused or missing or problems:
+        sections = [
+            f"The {checkpoint.format} checkpoint {checkpoint.label} "
+            f"({_checkpoint_summary(checkpoint, conversion)}) does not fit model {model.name!r} "
+            f"({_model_summary(layers)}):"
+        ]
+        for title, lines in (
+            ("shapes differ (checkpoint key and shape -> model weight and shape)", mismatched),
+            ("checkpoint keys that fill no model weight", unused),
+            ("model weights the checkpoint does not fill", missing),
+            ("other problems", problems),
+        ):
+            if lines:
+                sections.append(f"  {len(lines)} {title}:\n" + "\n".join(f"    {line}" for line in lines))
+        sections.append(
+            "Build the model the checkpoint was trained for (keras_vit.inspect_checkpoint(...) describes it)."
+        )
+        raise CheckpointError("\n".join(sections))
+
+    for variable, value in assignments:
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    if resized_pos_embed is not None:
+        value, old_grid = resized_pos_embed
+        layers["pos_embed"].assign_resized(np.asarray(value, dtype=np.float32), old_grid=old_grid)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+
+
+def _describe_key(key: str, flat: Mapping[str, np.ndarray]) -> str:
+    return f"{key} {tuple(np.shape(flat[key]))}"

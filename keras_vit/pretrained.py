@@ -1,0 +1,503 @@
+"""Published ViT checkpoints: the catalog, downloads from the Hugging Face Hub, and `pretrained=`.
+
+The catalog is data: `weights/catalog.json` (package data of `keras_vit.weights`) holds one row
+per published checkpoint (`CatalogEntry`) and one default tag per variant.
+
+* Tags are `<variant>.<pre-training>`, e.g. `vit_b16.augreg2_in21k_ft_in1k`, with the suffix
+  `_384` for checkpoints fine-tuned at 384 px (`vit_b16.augreg_in21k_ft_in1k_384`). Inside a
+  factory the variant may be left out: `vit_b16(pretrained="augreg_in21k_ft_in1k")`.
+* `format: "timm"` rows are the `timm/<model>.<tag>` repos (`model.safetensors`). Their hub
+  id, resolution, class count, mean/std, crop_pct and interpolation were copied from timm
+  1.0.31's `pretrained_cfg` (named in each row's `metadata_source`); the test suite checks
+  that they still agree with the installed timm.
+* `format: "hf"` rows are the `google/vit-*` transformers repos (`pytorch_model.bin`, the
+  file every one of them has); preprocessing from `ViTImageProcessor` (bilinear resize,
+  no crop, mean = std = 0.5). Their `*-in21k` models are `ViTModel`s: no head, and a pooler
+  that is the paper's pre-logits layer (`representation_size`).
+* `format` is one of `keras_vit.converters.FORMATS`; `"google_npz"` would be a hub repo that
+  hosts an original `.npz` (no row needs it yet).
+* `sha256`: the hub publishes each LFS file's sha256, but the catalog was written offline,
+  so every row has `null` (no hash is made up). A row with a hash is verified after download.
+
+Downloads go through `huggingface_hub.hf_hub_download`: its cache (`HF_HUB_CACHE`), its
+progress bar, and `HF_HUB_OFFLINE=1` to use only what is cached. A failure raises
+`WeightsUnavailableError` naming the repo and file and how to load a local file instead. A
+cached file that turns out corrupt (truncated, wrong sha256) is deleted before the error is
+raised, so the next run downloads it again instead of trusting it.
+
+A model built from a tag is named after it (`model.name == "vit_b16.augreg2_in21k_ft_in1k"`
+unless `name=` is given) and has `model.pretrained_tag`; the name survives `.keras` saving,
+so `preprocess_input(images, model)` and `decode_predictions(preds, tag_or_model=model)`
+find the checkpoint's normalisation and labels for a reloaded model too.
+
+`catalog_markdown()` renders the catalog as a Markdown table (for the README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import keras
+import numpy as np
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import hf_hub_download
+
+from keras_vit.converters import (
+    CheckpointError,
+    CheckpointInfo,
+    inspect_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+)
+from keras_vit.variants import VARIANTS, ViTConfig, get_config
+
+__all__ = [
+    "CatalogEntry",
+    "Checkpoint",
+    "WeightsIntegrityError",
+    "WeightsUnavailableError",
+    "catalog_markdown",
+    "default_tag",
+    "download_checkpoint",
+    "get_entry",
+    "list_pretrained",
+    "load_weights",
+    "model_entry",
+    "resolve_pretrained",
+]
+
+DEFAULT_FILENAME = "model.safetensors"
+_CHECKPOINT_SUFFIXES = (".safetensors", ".npz", ".bin", ".pt", ".pth")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _local_hint(variant: str | None) -> str:
+    build = f"keras_vit.{variant}(" if variant else "keras_vit.create_model('<variant>', "
+    return (
+        f"to use a checkpoint file you already have, pass its path: {build}pretrained="
+        "'/path/to/model.safetensors') or keras_vit.load_weights(model, '/path/to/model.safetensors')."
+    )
+
+
+class WeightsUnavailableError(OSError):
+    """A checkpoint could not be obtained: no network, offline cache miss, or unknown repo/file."""
+
+
+class WeightsIntegrityError(WeightsUnavailableError):
+    """A downloaded or cached checkpoint is corrupt (truncated, wrong sha256); it was deleted."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One published checkpoint (a row of `weights/catalog.json`)."""
+
+    tag: str
+    variant: str
+    hub_repo: str
+    filename: str
+    format: str
+    training_data: str
+    resolution: int
+    num_classes: int | None
+    label_set: str | None
+    representation_size: int | None
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    crop_pct: float | None
+    interpolation: str | None
+    sha256: str | None
+    metadata_source: str
+
+    @property
+    def pretraining(self) -> str:
+        """The tag without the variant, e.g. `augreg2_in21k_ft_in1k`."""
+        return self.tag.split(".", 1)[1]
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog() -> tuple[dict[str, CatalogEntry], dict[str, str]]:
+    """(tag -> entry, variant -> default pre-training tag), read once from the package data."""
+    text = resources.files("keras_vit.weights").joinpath("catalog.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    entries = {}
+    for row in data["checkpoints"]:
+        entry = CatalogEntry(**{**row, "mean": tuple(row["mean"]), "std": tuple(row["std"])})
+        entries[entry.tag] = entry
+    return entries, dict(data["defaults"])
+
+
+def list_pretrained(variant: str | None = None) -> list[str]:
+    """Every catalog tag, or those of one variant, e.g. `list_pretrained("vit_b16")`."""
+    if variant is not None:
+        get_config(variant)
+    return sorted(tag for tag, entry in _catalog()[0].items() if variant in (None, entry.variant))
+
+
+def default_tag(variant: str) -> str:
+    """The full tag `pretrained=True` loads for `variant`."""
+    get_config(variant)
+    defaults = _catalog()[1]
+    if variant not in defaults:
+        raise ValueError(f"{variant} has no published checkpoint: build it with pretrained=False.")
+    return f"{variant}.{defaults[variant]}"
+
+
+def get_entry(tag: str, variant: str | None = None) -> CatalogEntry:
+    """The catalog row of `tag`: a full tag, or a pre-training tag of `variant`.
+
+    A tag of another variant is an error that names the factory that loads it.
+    """
+    entries = _catalog()[0]
+    full_tag = tag if "." in tag or variant is None else f"{variant}.{tag}"
+    entry = entries.get(full_tag)
+    if entry is not None:
+        if variant is not None and entry.variant != variant:
+            raise ValueError(
+                f"{tag!r} is a checkpoint of {entry.variant}, not {variant}: build it with "
+                f"keras_vit.{entry.variant}(pretrained={entry.tag!r})."
+            )
+        return entry
+    pretraining = full_tag.split(".", 1)[-1]
+    elsewhere = sorted(e.variant for e in entries.values() if e.pretraining == pretraining)
+    message = f"Unknown checkpoint tag {tag!r}"
+    if variant is not None:
+        message += f" for {variant}; its tags: {[t.split('.', 1)[1] for t in list_pretrained(variant)]}"
+    else:
+        message += "; use a full tag `<variant>.<pre-training>` from keras_vit.list_pretrained()"
+    if elsewhere:
+        message += f". {pretraining!r} exists for {', '.join(elsewhere)}: e.g. keras_vit.{elsewhere[0]}(...)"
+    raise ValueError(message + ".")
+
+
+def model_entry(tag_or_model) -> CatalogEntry | None:
+    """The catalog row of a full tag, or of a model built from one (by `pretrained_tag` or name).
+
+    `None`, and models not built from a catalog tag, give `None`.
+    """
+    if tag_or_model is None or isinstance(tag_or_model, CatalogEntry):
+        return tag_or_model
+    if isinstance(tag_or_model, str):
+        if "." not in tag_or_model:
+            raise ValueError(
+                f"{tag_or_model!r} is not a full tag: use `<variant>.<pre-training>`, "
+                f"e.g. 'vit_b16.{tag_or_model}' (keras_vit.list_pretrained())."
+            )
+        return get_entry(tag_or_model)
+    if isinstance(tag_or_model, keras.Model):
+        entries = _catalog()[0]
+        tag = getattr(tag_or_model, "pretrained_tag", None) or tag_or_model.name
+        return entries.get(tag)
+    raise TypeError(f"Expected a catalog tag, a keras.Model or None, got {type(tag_or_model).__name__}.")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _remove_cached(path: str) -> None:
+    """Delete a hub-cache file: the snapshot entry and the blob it links to."""
+    for target in {os.path.realpath(path), path}:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(target)
+
+
+def _hub_download(
+    repo: str,
+    filename: str,
+    *,
+    sha256: str | None = None,
+    label: str,
+    variant: str | None,
+    cache_dir: str | os.PathLike | None,
+    endpoint: str | None = None,
+    note: str = "",
+) -> str:
+    try:
+        path = hf_hub_download(repo, filename, cache_dir=cache_dir, endpoint=endpoint)
+    except Exception as error:  # the transport's errors differ between huggingface_hub versions
+        offline = " (HF_HUB_OFFLINE is set: only cached files count)" if hub_constants.HF_HUB_OFFLINE else ""
+        raise WeightsUnavailableError(
+            f"{note}Could not get {filename!r} from the Hugging Face Hub repo {repo!r} for {label}{offline}: "
+            f"{type(error).__name__}: {error}. Check the network, or {_local_hint(variant)}"
+        ) from error
+    if sha256 and _sha256(path) != sha256.lower():
+        _remove_cached(path)
+        raise WeightsIntegrityError(
+            f"{filename!r} from {repo!r} does not have the sha256 the catalog lists for {label} "
+            f"({sha256}); the file was deleted from the cache: run again to download it anew."
+        )
+    return path
+
+
+def download_checkpoint(
+    source: str | CatalogEntry,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    endpoint: str | None = None,
+) -> str:
+    """Local path of a checkpoint from the hub cache, downloaded first if missing.
+
+    `source` is a full catalog tag, a `CatalogEntry`, or a hub repo id `"org/name"` (file
+    name from the catalog, else `model.safetensors`). `cache_dir` and `endpoint` are passed to
+    `huggingface_hub.hf_hub_download` (defaults: `HF_HUB_CACHE`, `HF_ENDPOINT`).
+    """
+    if isinstance(source, CatalogEntry):
+        entry = source
+    elif "/" in source:
+        entry = _entry_for_repo(source, None)
+        if entry is None:
+            return _hub_download(
+                source,
+                DEFAULT_FILENAME,
+                label=f"checkpoint {source!r}",
+                variant=None,
+                cache_dir=cache_dir,
+                endpoint=endpoint,
+            )
+    else:
+        entry = get_entry(source)
+    return _hub_download(
+        entry.hub_repo,
+        entry.filename,
+        sha256=entry.sha256,
+        label=f"checkpoint {entry.tag!r}",
+        variant=entry.variant,
+        cache_dir=cache_dir,
+        endpoint=endpoint,
+    )
+
+
+def _entry_for_repo(repo: str, variant: str | None) -> CatalogEntry | None:
+    matches = [entry for entry in _catalog()[0].values() if entry.hub_repo == repo]
+    preferred = [entry for entry in matches if entry.variant == variant]
+    return (preferred or matches or [None])[0]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read into memory, with where it came from and what it holds."""
+
+    state: dict[str, np.ndarray]
+    info: CheckpointInfo
+    entry: CatalogEntry | None
+    label: str
+
+    @property
+    def tag(self) -> str | None:
+        return None if self.entry is None else self.entry.tag
+
+    def model_arguments(
+        self,
+        config: ViTConfig,
+        image_size,
+        num_classes: int | None,
+        include_top: bool | None,
+        representation_size: int | None,
+    ) -> tuple[int | tuple[int, int], int | None, bool, int | None]:
+        """`(image_size, num_classes, include_top, representation_size)` of a model for this checkpoint.
+
+        Unset arguments (`None`) take the checkpoint's values: its resolution, its class count
+        (no head, e.g. `orig_in21k`, gives `include_top=False` unless `num_classes` is given)
+        and its pre-logits width. A user's `num_classes` gives a fresh zero head, a user's
+        `image_size` a resized position embedding, `representation_size=0` drops pre-logits.
+        """
+        if image_size is None:
+            grid_pixels = tuple(side * config.stride for side in self.info.grid)
+            image_size = self.entry.resolution if self.entry else grid_pixels
+        has_head = self.info.num_classes is not None
+        if include_top is None:
+            include_top = has_head or num_classes is not None
+        if include_top and num_classes is None:
+            if not has_head:
+                raise ValueError(
+                    f"{self.label} has no classification head: pass num_classes=<your classes> for a "
+                    "new zero-initialised head, or leave include_top unset to get features."
+                )
+            num_classes = self.info.num_classes
+        stored = self.info.representation_size
+        if representation_size is None:
+            representation_size = stored
+        elif not representation_size:
+            representation_size = None
+        elif representation_size != stored:
+            has = "no pre-logits layer" if stored is None else f"a pre-logits layer of width {stored}"
+            raise ValueError(
+                f"{self.label} has {has}, not one of width {representation_size}: leave "
+                "representation_size unset to build the model as the checkpoint has it, or pass 0 to drop it."
+            )
+        return image_size, num_classes, include_top, representation_size
+
+    def load_into(self, model: keras.Model) -> None:
+        """Copy the weights into `model` (position embedding resized, other-sized head skipped)."""
+        load_checkpoint(model, self.state, format=self.info.format)
+        model.pretrained_tag = self.tag
+
+
+_SHAPE_FIELDS = ("hidden_size", "depth", "num_heads", "mlp_dim", "patch_size")
+
+
+def _architecture(source: ViTConfig | CheckpointInfo) -> dict[str, int]:
+    """The Transformer's shape of a config or checkpoint, as compared before loading."""
+    return {key: getattr(source, key) for key in _SHAPE_FIELDS}
+
+
+def _model_architecture(model: keras.Model) -> dict[str, int]:
+    try:
+        patch_embed = model.get_layer("patch_embed")
+        blocks = [layer for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)]
+        first = blocks[0]
+    except (ValueError, IndexError):
+        raise ValueError(
+            f"Model {model.name!r} was not built by keras_vit (no patch_embed / block_0 layers): "
+            "build it with keras_vit.create_model(...)."
+        ) from None
+    shape = (patch_embed.hidden_size, len(blocks), first.num_heads, first.mlp_dim, patch_embed.patch_size)
+    return dict(zip(_SHAPE_FIELDS, shape, strict=True))
+
+
+def _check_fits(
+    target: dict[str, int], target_name: str, stored: dict[str, int], stored_variant: str | None, label: str
+) -> None:
+    """A clear error, naming the factory that fits, when a checkpoint's architecture differs."""
+    differences = [f"{key} {stored[key]} vs {target[key]}" for key in target if stored[key] != target[key]]
+    if not differences:
+        return
+    if stored_variant is not None:
+        hint = f"it is a {stored_variant} checkpoint: load it with keras_vit.{stored_variant}(pretrained=...)"
+    else:
+        hint = "no keras_vit variant has its architecture: build one with keras_vit.build_vit(ViTConfig(...))"
+    raise ValueError(
+        f"{label} does not fit {target_name} (checkpoint vs model: {', '.join(differences)}); {hint}."
+    )
+
+
+def _locate(
+    source, variant: str | None, cache_dir: str | os.PathLike | None
+) -> tuple[str, CatalogEntry | None, bool]:
+    """(local path, catalog row or None, whether the path is in the hub cache) of a `pretrained=` value."""
+    if source is True:
+        if variant is None:
+            raise ValueError("pretrained=True needs a variant: pass a full tag, a file path or a repo id.")
+        entry = get_entry(default_tag(variant))
+        return download_checkpoint(entry, cache_dir=cache_dir), entry, True
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(
+            f"pretrained must be False, True, a tag, a file path or a hub repo id, got {source!r}."
+        )
+    path = os.path.expanduser(os.fspath(source))
+    if os.path.exists(path):
+        return path, None, False
+    if not isinstance(source, str) or path.endswith(_CHECKPOINT_SUFFIXES):
+        raise FileNotFoundError(
+            f"No checkpoint file {path!r}. pretrained= takes True, a tag such as 'augreg_in21k_ft_in1k' "
+            "(keras_vit.list_pretrained()), a local file path, or a hub repo id 'org/name'."
+        )
+    if "/" not in source:
+        entry = get_entry(source, variant)
+        return download_checkpoint(entry, cache_dir=cache_dir), entry, True
+    if _REPO_ID.fullmatch(source):
+        entry = _entry_for_repo(source, variant)
+        if entry is not None:
+            return download_checkpoint(entry, cache_dir=cache_dir), entry, True
+        path = _hub_download(
+            source,
+            DEFAULT_FILENAME,
+            label=f"checkpoint {source!r}",
+            variant=variant,
+            cache_dir=cache_dir,
+            note=f"{source!r} is no local file, so it was taken as a hub repo id. ",
+        )
+        return path, None, True
+    raise ValueError(
+        f"pretrained={source!r} is neither a local file nor a hub repo id 'org/name' nor a tag "
+        "(keras_vit.list_pretrained())."
+    )
+
+
+def _read(path: str, from_hub: bool, label: str) -> dict[str, np.ndarray]:
+    try:
+        return read_checkpoint(path)
+    except CheckpointError as error:
+        if not from_hub:
+            raise
+        _remove_cached(path)
+        raise WeightsIntegrityError(
+            f"The cached checkpoint for {label} ({path}) is corrupt: {error}. It was deleted from the "
+            "Hugging Face cache: run again to download it anew."
+        ) from error
+
+
+def resolve_pretrained(
+    source, variant: str | None = None, *, cache_dir: str | os.PathLike | None = None
+) -> Checkpoint:
+    """Find, download if needed, read and check the checkpoint a `pretrained=` value names.
+
+    `source`: `True` (the variant's default tag), a tag (short with `variant`, or full), a
+    local file (format detected) or a hub repo id. With `variant`, a checkpoint of another
+    architecture is an error naming the factory that fits it.
+    """
+    path, entry, from_hub = _locate(source, variant, cache_dir)
+    label = f"checkpoint {entry.tag!r}" if entry else f"checkpoint {os.fspath(source)!r}"
+    state = _read(path, from_hub, label)
+    info = inspect_checkpoint(state, format=entry.format if entry else None)
+    if variant is not None:
+        _check_fits(_architecture(get_config(variant)), variant, _architecture(info), info.variant, label)
+    return Checkpoint(state=state, info=info, entry=entry, label=label)
+
+
+def _variant_of(model: keras.Model, architecture: dict[str, int]) -> str | None:
+    """The variant of a model: the one its name starts with, else the only one of its architecture."""
+    matches = [name for name, config in VARIANTS.items() if _architecture(config) == architecture]
+    named = model.name.split(".", 1)[0]
+    if named in matches:
+        return named
+    return matches[0] if len(matches) == 1 else None
+
+
+def load_weights(model: keras.Model, source, *, cache_dir: str | os.PathLike | None = None) -> None:
+    """Load a checkpoint into an existing keras_vit model.
+
+    `source`: a tag (a short one resolves against the model's variant), a local file or a hub
+    repo id. The position embedding is resized to the model's grid; a head of another class
+    count is skipped (the model keeps its own); pre-logits are loaded if the model has them.
+    A catalog tag of another architecture is refused before anything is downloaded.
+    """
+    architecture = _model_architecture(model)
+    variant = _variant_of(model, architecture)
+    is_tag = isinstance(source, str) and "." in source and "/" not in source and not os.path.exists(source)
+    if variant is None and is_tag:
+        entry = get_entry(source)
+        stored = _architecture(get_config(entry.variant))
+        _check_fits(architecture, model.name, stored, entry.variant, f"checkpoint {entry.tag!r}")
+    checkpoint = resolve_pretrained(source, variant, cache_dir=cache_dir)
+    info = checkpoint.info
+    _check_fits(architecture, model.name, _architecture(info), info.variant, checkpoint.label)
+    checkpoint.load_into(model)
+
+
+def catalog_markdown() -> str:
+    """The catalog as a Markdown table (tag, resolution, classes, training data, hub repo)."""
+    defaults = {f"{variant}.{tag}" for variant, tag in _catalog()[1].items()}
+    lines = [
+        "| Tag | Resolution | Classes | Training data | Hub repo (file) |",
+        "|---|---|---|---|---|",
+    ]
+    for entry in _catalog()[0].values():
+        tag = f"`{entry.tag}`" + (" (default)" if entry.tag in defaults else "")
+        classes = "none (features)" if entry.num_classes is None else str(entry.num_classes)
+        lines.append(
+            f"| {tag} | {entry.resolution} | {classes} | {entry.training_data} | "
+            f"[{entry.hub_repo}](https://huggingface.co/{entry.hub_repo}) (`{entry.filename}`) |"
+        )
+    return "\n".join(lines)

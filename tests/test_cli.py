@@ -1,0 +1,89 @@
+"""The `keras-vit` command line and the README's main job (examples/classify.py), offline."""
+
+import runpy
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from checkpoint_writers import random_timm_vit, save_timm_safetensors, to_torch
+from PIL import Image
+
+import keras_vit
+from keras_vit import cli
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "classify.py"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A random timm ViT-Ti/16 in timm's hub format, and the reference model."""
+    reference = random_timm_vit("vit_ti16")
+    path = save_timm_safetensors(reference, tmp_path_factory.mktemp("ckpt") / "model.safetensors")
+    return path, reference
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory):
+    from skimage import data
+
+    path = tmp_path_factory.mktemp("img") / "cat.png"
+    Image.fromarray(data.chelsea()).save(path)
+    return path
+
+
+def _top_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("  ")]
+
+
+def test_classify_matches_reference(checkpoint, photo, capsys):
+    path, reference = checkpoint
+    assert (
+        cli.main(["classify", str(photo), "--model", "vit_ti16", "--weights", str(path), "--top", "3"]) == 0
+    )
+    lines = _top_lines(capsys.readouterr().out)
+    assert len(lines) == 3
+    pixels = keras_vit.preprocess_input(keras_vit.load_image(photo, 224, 0.9)[None])
+    with __import__("torch").no_grad():
+        expected = reference(to_torch(pixels)).numpy()
+    best = int(np.argmax(expected))
+    assert lines[0].split()[1] == str(best)
+
+
+def test_convert_and_inspect(checkpoint, tmp_path, capsys):
+    path, _ = checkpoint
+    assert cli.main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "format: timm" in out and "hidden_size: 192" in out
+    target = tmp_path / "tiny.keras"
+    args = ["convert", str(target), "--model", "vit_ti16", "--weights", str(path), "--num-classes", "5"]
+    assert cli.main(args) == 0
+    model = keras.models.load_model(target)
+    assert model.output_shape == (None, 5)
+
+
+def test_listings(capsys):
+    assert cli.main(["models"]) == 0
+    assert "vit_h14" in capsys.readouterr().out
+    assert cli.main(["pretrained", "vit_b16"]) == 0
+    assert "vit_b16.augreg2_in21k_ft_in1k" in capsys.readouterr().out
+
+
+def test_errors_are_one_line_messages(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # empty cache
+    assert cli.main(["classify", "x.png", "--model", "vit_ti16"]) == 1  # offline, empty cache
+    err = capsys.readouterr().err
+    assert err.startswith("keras-vit: error:") and "timm/vit_tiny_patch16_224" in err
+
+
+def test_example_classifies_the_cat_photo(checkpoint, monkeypatch, capsys):
+    path, _ = checkpoint
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLE), "--model", "vit_ti16", "--weights", str(path)])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(EXAMPLE), run_name="__main__")
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "chelsea" in out and len(_top_lines(out)) == 5

@@ -1,0 +1,414 @@
+"""Hybrid ResNet+ViT models: the BiT stem's numerics and padding, parameter counts, and exact parity
+with timm's `vision_transformer_hybrid` models on random weights."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.converters.errors import CheckpointError
+from keras_vit.converters.resnet_stem import stem_name_map, stem_weights
+from keras_vit.hybrid import STEM_NUMERICS, BottleneckUnit, StdConv2D, feature_map_size
+from keras_vit.models import build_vit
+from keras_vit.variants import ViTConfig, get_config
+
+HYBRIDS = ["vit_r50_b16", "vit_r50_l32", "vit_r26_b32", "vit_r26_s32", "vit_r_ti16"]
+# Exact counts at 224 px with the 1000-class head (paper configs as counted by timm).
+REFERENCE_PARAMS = {
+    "vit_r50_b16": 98_659_112,
+    "vit_r50_l32": 328_994_856,
+    "vit_r26_b32": 101_383_976,
+    "vit_r26_s32": 36_431_912,
+    "vit_r_ti16": 6_337_704,
+}
+TIMM_NAMES = {
+    "vit_r50_b16": "vit_base_r50_s16_224",
+    "vit_r50_l32": "vit_large_r50_s32_224",
+    "vit_r26_b32": "vit_base_r26_s32_224",
+    "vit_r26_s32": "vit_small_r26_s32_224",
+    "vit_r_ti16": "vit_tiny_r_s16_p8_224",
+}
+# A small hybrid with both unit kinds (projection and identity shortcut) for the cheap tests.
+SMALL = ViTConfig("small_hybrid", 1, 64, 1, 2, 128, resnet_stages=(2, 1))
+
+
+def _torch():
+    pytest.importorskip("timm")
+    return pytest.importorskip("torch")
+
+
+def _images(size, batch=1, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, *size, 3)).astype("float32")
+
+
+def _randomise(model, seed=1):
+    """Random values for every weight, so GroupNorm affine parameters and the head matter."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        noise = rng.normal(0, 0.1, variable.shape)
+        if variable.path.endswith("gamma"):
+            noise += 1.0
+        variable.assign(noise.astype("float32"))
+
+
+def _hw(size):
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+# --- timm references -------------------------------------------------------------------------
+
+
+def _load_timm_state(model, state):
+    """Load a timm hybrid state dict: the stem through `stem_weights`, the ViT part mapped here."""
+    for variable, value in stem_weights(state, "timm", model):
+        variable.assign(value)
+    projection = model.get_layer("patch_embed").projection
+    projection.kernel.assign(state["patch_embed.proj.weight"].transpose(2, 3, 1, 0))
+    projection.bias.assign(state["patch_embed.proj.bias"])
+    model.get_layer("class_token").token.assign(state["cls_token"])
+    model.get_layer("pos_embed").assign_resized(state["pos_embed"])  # bicubic + antialias, as timm
+    index = 0
+    while f"blocks.{index}.norm1.weight" in state:
+        block, prefix = model.get_layer(f"block_{index}"), f"blocks.{index}."
+        width, heads = state[prefix + "norm1.weight"].shape[0], block.num_heads
+        for norm in ("norm1", "norm2"):
+            getattr(block, norm).gamma.assign(state[f"{prefix}{norm}.weight"])
+            getattr(block, norm).beta.assign(state[f"{prefix}{norm}.bias"])
+        qkv_kernel = state[prefix + "attn.qkv.weight"].reshape(3, width, width)
+        qkv_bias = state[prefix + "attn.qkv.bias"].reshape(3, width)
+        attention = block.attention
+        for part, dense in enumerate((attention._query_dense, attention._key_dense, attention._value_dense)):
+            dense.kernel.assign(qkv_kernel[part].T.reshape(width, heads, width // heads))
+            dense.bias.assign(qkv_bias[part].reshape(heads, width // heads))
+        attention._output_dense.kernel.assign(
+            state[prefix + "attn.proj.weight"].T.reshape(heads, width // heads, width)
+        )
+        attention._output_dense.bias.assign(state[prefix + "attn.proj.bias"])
+        for fc in ("fc1", "fc2"):
+            getattr(block, fc).kernel.assign(state[f"{prefix}mlp.{fc}.weight"].T)
+            getattr(block, fc).bias.assign(state[f"{prefix}mlp.{fc}.bias"])
+        index += 1
+    norm = model.get_layer("encoder_norm")
+    norm.gamma.assign(state["norm.weight"])
+    norm.beta.assign(state["norm.bias"])
+    head = model.get_layer("head")
+    head.kernel.assign(state["head.weight"].T)
+    head.bias.assign(state["head.bias"])
+
+
+_REFERENCES = {}
+
+
+def _timm_reference(name):
+    """A 224-px timm hybrid, norms, biases, tokens, head and stem kernels perturbed, and its state dict."""
+    if name not in _REFERENCES:
+        torch = _torch()
+        import timm
+
+        torch.manual_seed(0)
+        reference = timm.create_model(TIMM_NAMES[name], pretrained=False, num_classes=1000).eval()
+        with torch.no_grad():
+            for key, parameter in reference.named_parameters():
+                if "norm" in key:
+                    parameter.add_(0.1 * torch.randn_like(parameter))
+                elif parameter.ndim < 2 or key in ("cls_token", "pos_embed") or key.startswith("head"):
+                    parameter.copy_(0.02 * torch.randn_like(parameter))
+                elif key.startswith("patch_embed.backbone."):
+                    # Standardisation ignores the kernels' scale but not its epsilon: small kernels
+                    # make the epsilons count (JAX numerics then differ from timm by > 1e-4).
+                    parameter.mul_(0.02)
+        state = {key: value.numpy().copy() for key, value in reference.state_dict().items()}
+        _REFERENCES[name] = reference, state
+    return _REFERENCES[name]
+
+
+def _timm_at(name, size, state):
+    """timm's model at another input size, loaded through its own `checkpoint_filter_fn`."""
+    torch = _torch()
+    import timm
+    from timm.models.vision_transformer_hybrid import checkpoint_filter_fn
+
+    model = timm.create_model(TIMM_NAMES[name], pretrained=False, num_classes=1000, img_size=size).eval()
+    tensors = {key: torch.from_numpy(value) for key, value in state.items()}
+    model.load_state_dict(checkpoint_filter_fn(tensors, model))
+    return model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_references():
+    yield
+    _REFERENCES.clear()
+
+
+PARITY_CASES = [
+    ("vit_r26_s32", 224),  # native
+    ("vit_r26_s32", 288),  # 224 checkpoint, position embedding resampled to 9x9
+    ("vit_r26_s32", (225, 289)),  # odd, non-square: TF-SAME padding differs per side
+    ("vit_r50_b16", 224),
+    ("vit_r50_b16", (289, 225)),  # resized and odd/non-square at once
+    ("vit_r_ti16", 224),  # stem only: timm keys `patch_embed.backbone.conv/norm`
+]
+
+
+@pytest.mark.parametrize("name,size", PARITY_CASES, ids=[f"{n}-{s}" for n, s in PARITY_CASES])
+def test_logits_match_timm(name, size):
+    torch = _torch()
+    reference, state = _timm_reference(name)
+    height, width = _hw(size)
+    if (height, width) != (224, 224):
+        reference = _timm_at(name, (height, width), state)
+    model = keras_vit.create_model(name, image_size=(height, width))
+    _load_timm_state(model, state)
+    images = _images((height, width))
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
+    logits = keras.ops.convert_to_numpy(model(images))
+    assert np.abs(expected).max() > 0.5  # the head and every norm really take part
+    np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-4)
+    del model, reference
+    keras.backend.clear_session()
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
+def test_parameter_count_matches_reference(name):
+    torch = _torch()
+    import timm
+
+    model = getattr(keras_vit, name)()
+    assert model.count_params() == REFERENCE_PARAMS[name]
+    del model
+    keras.backend.clear_session()
+    with torch.device("meta"):  # shapes only: no memory, no init time
+        reference = timm.create_model(TIMM_NAMES[name], pretrained=False, num_classes=1000)
+    assert sum(p.numel() for p in reference.parameters()) == REFERENCE_PARAMS[name]
+
+
+# --- the stem's building blocks --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("numerics", sorted(STEM_NUMERICS))
+def test_weight_standardisation_formulas(numerics):
+    epsilon, mode, _ = STEM_NUMERICS[numerics]
+    layer = StdConv2D(4, 3, epsilon=epsilon, epsilon_mode=mode)
+    layer.build((None, 8, 8, 2))
+    # A small spread makes the two epsilon placements differ by ~1e-3 relative.
+    kernel = np.random.default_rng(0).normal(0.3, 1e-2, (3, 3, 2, 4)).astype("float32")
+    layer.kernel.assign(kernel)
+    mean, std = kernel.mean(axis=(0, 1, 2)), kernel.std(axis=(0, 1, 2))
+    timm_formula = (kernel - mean) / np.sqrt(std**2 + 1e-8)
+    jax_formula = (kernel - mean) / (std + 1e-5)
+    expected, other = (timm_formula, jax_formula) if numerics == "timm" else (jax_formula, timm_formula)
+    standardized = keras.ops.convert_to_numpy(layer.standardized_kernel())
+    np.testing.assert_allclose(standardized, expected, rtol=2e-5, atol=2e-5)
+    assert np.abs(standardized - other).max() > 1e-4
+
+
+@pytest.mark.parametrize("height,width", [(224, 224), (225, 289), (17, 10)])
+def test_conv_and_max_pool_pad_like_timm_same(height, width):
+    """Keras 'same' equals timm's TF-SAME `pad_same` (extra pad bottom/right; -inf for max-pool)."""
+    torch = _torch()
+    from timm.layers import StdConv2dSame
+    from timm.layers.pool2d_same import MaxPool2dSame
+
+    images = np.random.default_rng(0).normal(size=(1, height, width, 3)).astype("float32")
+    ours = StdConv2D(8, 7, 2)
+    reference = StdConv2dSame(3, 8, 7, stride=2, eps=1e-8)
+    ours.build(images.shape)
+    ours.kernel.assign(reference.weight.detach().numpy().transpose(2, 3, 1, 0))
+    pool = keras.layers.MaxPooling2D(3, strides=2, padding="same")
+    torch_images = torch.from_numpy(images).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        expected_conv = reference(torch_images).permute(0, 2, 3, 1).numpy()
+        # Negative inputs: a zero-padded max-pool would differ from the -inf padding at the border.
+        expected_pool = MaxPool2dSame(3, 2)(-torch_images.abs()).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(images)), expected_conv, atol=1e-4)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(pool(-np.abs(images))), expected_pool)
+
+
+def test_bottleneck_unit_matches_timm():
+    torch = _torch()
+    from functools import partial
+
+    from timm.layers import GroupNormAct, StdConv2dSame
+    from timm.models.resnetv2 import Bottleneck, DownsampleConv
+
+    reference = Bottleneck(
+        64,
+        256,
+        stride=2,
+        conv_layer=partial(StdConv2dSame, eps=1e-8),
+        norm_layer=partial(GroupNormAct, num_groups=32),
+        proj_layer=DownsampleConv,
+    ).eval()
+    with torch.no_grad():
+        for key, parameter in reference.named_parameters():
+            if "norm" in key:
+                parameter.add_(0.3 * torch.randn_like(parameter))
+    unit = BottleneckUnit(64, strides=2)
+    images = np.random.default_rng(0).normal(size=(2, 15, 12, 64)).astype("float32")
+    unit.build(images.shape)
+    names = {
+        "conv1": "conv1",
+        "conv2": "conv2",
+        "conv3": "conv3",
+        "downsample.conv": "conv_proj",
+        "norm1": "gn1",
+        "norm2": "gn2",
+        "norm3": "gn3",
+        "downsample.norm": "gn_proj",
+    }
+    for key, value in reference.state_dict().items():
+        module, _, kind = key.rpartition(".")
+        layer = getattr(unit, names[module])
+        if isinstance(layer, StdConv2D):
+            layer.kernel.assign(value.numpy().transpose(2, 3, 1, 0))
+        else:
+            getattr(layer, {"weight": "gamma", "bias": "beta"}[kind]).assign(value.numpy())
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(images).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(unit(images)), expected, atol=2e-5)
+
+
+def test_stem_numerics_option_sets_every_epsilon():
+    for numerics, (epsilon, mode, gn_epsilon) in STEM_NUMERICS.items():
+        model = build_vit(dataclasses.replace(SMALL, stem_numerics=numerics), image_size=64)
+        convs = [layer for layer in model.layers if isinstance(layer, StdConv2D)]
+        units = [layer for layer in model.layers if isinstance(layer, BottleneckUnit)]
+        assert len(convs) == 1 and len(units) == 3
+        assert (convs[0].epsilon, convs[0].epsilon_mode) == (epsilon, mode)
+        assert model.get_layer("resnet_gn_root").epsilon == gn_epsilon
+        for unit in units:
+            assert (unit.conv2.epsilon, unit.conv2.epsilon_mode, unit.gn2.epsilon) == (
+                epsilon,
+                mode,
+                gn_epsilon,
+            )
+    with pytest.raises(ValueError, match=r"unknown stem_numerics 'flax'.*\['jax', 'timm'\]"):
+        build_vit(dataclasses.replace(SMALL, stem_numerics="flax"), image_size=64)
+
+
+def test_std_conv_rejects_unknown_epsilon_mode():
+    with pytest.raises(ValueError, match="Unknown epsilon_mode 'var'"):
+        StdConv2D(8, 3, epsilon_mode="var")
+
+
+# --- model layout, sizes, serialisation, precision -------------------------------------------
+
+
+def test_feature_map_and_token_grid():
+    assert feature_map_size(get_config("vit_r50_b16"), 224, 224) == (14, 14)
+    assert feature_map_size(get_config("vit_r50_b16"), 225, 289) == (15, 19)
+    assert feature_map_size(get_config("vit_r26_s32"), 224, 384) == (7, 12)
+    assert feature_map_size(get_config("vit_r_ti16"), 224, 224) == (56, 56)
+    assert [get_config(name).stride for name in HYBRIDS] == [16, 32, 32, 32, 32]
+    model = keras_vit.vit_r_ti16(image_size=(64, 96), num_classes=3)
+    assert model.get_layer("pos_embed").embedding.shape == (1, 1 + 2 * 3, 192)
+    assert model.get_layer("patch_embed").projection.kernel.shape == (8, 8, 64, 192)
+    with pytest.raises(ValueError, match="not a hybrid"):
+        feature_map_size(get_config("vit_b16"), 224, 224)
+
+
+def test_image_size_that_misses_the_patch_grid_names_valid_sizes():
+    with pytest.raises(ValueError, match=r"height 100 \(ResNet feature map 25\).*patch size 8.*96 or 128"):
+        keras_vit.vit_r_ti16(image_size=100)
+
+
+def test_hybrids_are_listed_and_exported():
+    assert set(HYBRIDS) <= set(keras_vit.list_models())
+    for name in HYBRIDS:
+        assert getattr(keras_vit, name).__doc__
+
+
+def test_keras_file_round_trip(tmp_path):
+    model = build_vit(dataclasses.replace(SMALL, stem_numerics="jax"), image_size=(64, 48), num_classes=5)
+    _randomise(model)
+    images = _images((64, 48), batch=2)
+    expected = keras.ops.convert_to_numpy(model(images))
+    path = tmp_path / "hybrid.keras"
+    model.save(path)
+    keras.backend.clear_session()
+    restored = keras.saving.load_model(path)
+    assert isinstance(restored.get_layer("resnet_block1_unit1"), BottleneckUnit)
+    assert restored.get_layer("resnet_conv_root").epsilon_mode == "std"
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(restored(images)), expected)
+
+
+def test_mixed_bfloat16_runs_the_stem_in_bfloat16():
+    reference = build_vit(SMALL, image_size=64, num_classes=5)
+    _randomise(reference)
+    images = _images((64, 64), batch=2)
+    expected = keras.ops.convert_to_numpy(reference(images))
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = build_vit(SMALL, image_size=64, num_classes=5)
+    model.set_weights(reference.get_weights())
+    unit = model.get_layer("resnet_block1_unit1")
+    assert unit.conv1.compute_dtype == "bfloat16" and unit.conv1.kernel.dtype == "float32"
+    assert unit.gn1.compute_dtype == "bfloat16"
+    stem = keras.Model(model.input, model.get_layer("resnet_block2_unit1").output)
+    assert keras.ops.convert_to_numpy(stem(images)).dtype == "bfloat16"
+    logits = keras.ops.convert_to_numpy(model(images))
+    assert logits.dtype == np.float32
+    np.testing.assert_allclose(logits, expected, atol=0.05 * np.abs(expected).max())
+
+
+# --- checkpoint name maps --------------------------------------------------------------------
+
+
+def _timm_to_npz_key(key):
+    """A timm stem key in the Google layout, as timm's `_load_weights` pairs them."""
+    key = key.removeprefix("patch_embed.backbone.")
+    names = {
+        "stem.conv.weight": "conv_root/kernel",
+        "stem.norm.weight": "gn_root/scale",
+        "stem.norm.bias": "gn_root/bias",
+    }
+    if key in names:
+        return names[key]
+    _, stage, _, block, *module, kind = key.split(".")
+    module = ".".join(module)
+    module = {"downsample.conv": "conv_proj", "downsample.norm": "gn_proj"}.get(module, module)
+    module = module.replace("norm", "gn")
+    kind = "kernel" if module.startswith("conv") else {"weight": "scale", "bias": "bias"}[kind]
+    return f"block{int(stage) + 1}/unit{int(block) + 1}/{module}/{kind}"
+
+
+def test_google_npz_map_loads_what_the_timm_map_loads():
+    _, state = _timm_reference("vit_r26_s32")
+    model = keras_vit.vit_r26_s32(image_size=64)
+    from_timm = {variable.path: value for variable, value in stem_weights(state, "timm", model)}
+    npz = {}
+    for key, value in state.items():
+        if key.startswith("patch_embed.backbone."):
+            value = value.transpose(2, 3, 1, 0) if value.ndim == 4 else value.reshape(1, 1, 1, -1)
+            npz["opt/target/" + _timm_to_npz_key(key)] = value  # (1,1,1,C) GroupNorm, as pre-0.3.6 Flax
+    from_npz = {
+        variable.path: value
+        for variable, value in stem_weights(npz, "google_npz", model, prefix="opt/target/")
+    }
+    assert len(from_npz) == len(from_timm) == len(stem_name_map(model, "timm")) == 3 + 8 * 9 + 4 * 3
+    assert from_npz.keys() == from_timm.keys()
+    for path, value in from_timm.items():
+        np.testing.assert_array_equal(from_npz[path], value)
+
+
+def test_stem_weights_errors_name_the_problem():
+    model = build_vit(SMALL, image_size=64)
+    state = {key: np.zeros(variable.shape) for key, variable in stem_name_map(model, "google_npz").items()}
+    assert "block1/unit2/conv2/kernel" in state and "block1/unit2/conv_proj/kernel" not in state
+    deeper = build_vit(dataclasses.replace(SMALL, resnet_stages=(2, 2)), image_size=64)
+    with pytest.raises(CheckpointError, match=r"lacks 9 of the 45 ResNet stem weights.*block2/unit2/conv1"):
+        stem_weights(state, "google_npz", deeper)
+    deeper_state = {key: np.zeros(variable.shape) for key, variable in stem_name_map(deeper, "timm").items()}
+    deeper_state["patch_embed.proj.weight"] = np.zeros((64, 512, 1, 1))  # not a stem key: ignored
+    with pytest.raises(CheckpointError, match=r"9 ResNet stem weights that .* lacks.*stages\.1\.blocks\.1"):
+        stem_weights(deeper_state, "timm", model)
+    state["block1/unit1/conv2/kernel"] = np.zeros((3, 3, 64, 32))
+    with pytest.raises(CheckpointError, match=r"1 shapes differ.*conv2/kernel: checkpoint \(3, 3, 64, 32\)"):
+        stem_weights(state, "google_npz", model)
+    with pytest.raises(CheckpointError, match="no hybrid ResNet stem"):
+        stem_weights(state, "google_npz", keras_vit.vit_ti16(image_size=32))
+    with pytest.raises(ValueError, match="Unknown checkpoint format 'hf'"):
+        stem_name_map(model, "hf")

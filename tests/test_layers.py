@@ -1,0 +1,468 @@
+"""Numerics of every layer in `keras_vit.layers` against independent references on the same weights.
+
+References: plain numpy (patchify + matmul, softmax attention, pooling) and timm's PyTorch modules
+(`PatchEmbed`, `Block`, `resample_abs_pos_embed`) built with random weights and copied over.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vit import (
+    ClassToken,
+    DropPath,
+    PatchEncoder,
+    PositionEmbedding,
+    TokenPooling,
+    TransformerBlock,
+    resize_pos_embed,
+)
+
+try:
+    import torch
+    from timm.layers import PatchEmbed, resample_abs_pos_embed
+    from timm.models.vision_transformer import Block
+except ImportError:  # the references are test extras (`pip install .[test]`)
+    torch = None
+
+needs_timm = pytest.mark.skipif(torch is None, reason="needs the test extras torch and timm")
+TOLERANCE = 1e-5
+
+
+def _randomize(layer: keras.layers.Layer, rng: np.random.Generator, scale: float = 1.0) -> None:
+    """Give every weight non-trivial random values (zero biases would hide layout mistakes)."""
+    layer.set_weights([rng.normal(0.0, scale, w.shape).astype("float32") for w in layer.get_weights()])
+
+
+def _timm_resample(
+    pos_embed: np.ndarray, new_grid, old_grid=None, prefix=1, method="bicubic", antialias=True
+) -> np.ndarray:
+    return resample_abs_pos_embed(
+        torch.from_numpy(pos_embed),
+        new_size=list(new_grid),
+        old_size=None if old_grid is None else list(old_grid),
+        num_prefix_tokens=prefix,
+        interpolation=method,
+        antialias=antialias,
+    ).numpy()
+
+
+# --------------------------------------------------------------------------------------- PatchEncoder
+
+
+def _numpy_patchify(images: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Cut (B,H,W,C) into row-major P x P patches, flatten each as (ph, pw, c), project."""
+    batch, height, width, channels = images.shape
+    patch = kernel.shape[0]
+    grid_h, grid_w = height // patch, width // patch
+    patches = images.reshape(batch, grid_h, patch, grid_w, patch, channels)
+    patches = patches.transpose(0, 1, 3, 2, 4, 5).reshape(batch, grid_h * grid_w, -1).astype("float64")
+    return patches @ kernel.reshape(-1, kernel.shape[-1]) + bias
+
+
+PATCH_CASES = [  # (patch, height, width, channels)
+    (16, 32, 32, 3),
+    (16, 48, 32, 1),
+    (14, 28, 42, 4),
+    (14, 14, 14, 3),
+]
+
+
+@needs_timm
+@pytest.mark.parametrize("patch,height,width,channels", PATCH_CASES)
+def test_patch_encoder_matches_numpy_and_timm(patch, height, width, channels, rng):
+    hidden = 8
+    images = rng.normal(size=(2, height, width, channels)).astype("float32")
+    layer = PatchEncoder(patch, hidden)
+    layer.build(images.shape)
+    _randomize(layer, rng, scale=(patch * patch * channels) ** -0.5)  # outputs of order 1
+    kernel, bias = (w.numpy() for w in layer.projection.weights)
+    assert kernel.shape == (patch, patch, channels, hidden)
+
+    output = keras.ops.convert_to_numpy(layer(images))
+    tokens = (height // patch) * (width // patch)
+    assert output.shape == (2, tokens, hidden)
+    assert layer.compute_output_shape(images.shape) == output.shape
+    np.testing.assert_allclose(output, _numpy_patchify(images, kernel, bias), atol=TOLERANCE, rtol=0)
+
+    reference = PatchEmbed(img_size=(height, width), patch_size=patch, in_chans=channels, embed_dim=hidden)
+    with torch.no_grad():
+        reference.proj.weight.copy_(torch.from_numpy(kernel.transpose(3, 2, 0, 1)))
+        reference.proj.bias.copy_(torch.from_numpy(bias))
+        expected = reference(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+    np.testing.assert_allclose(output, expected, atol=TOLERANCE, rtol=0)
+
+
+def test_patch_encoder_token_order_is_row_major():
+    """Patch (i, j) of an (h, w) grid must become token i * w + j."""
+    patch, grid_h, grid_w = 4, 3, 5
+    index = np.arange(grid_h * grid_w, dtype="float32").reshape(grid_h, grid_w)
+    images = np.kron(index, np.ones((patch, patch), dtype="float32"))[None, :, :, None]
+    layer = PatchEncoder(patch, 1)
+    layer.build(images.shape)
+    layer.set_weights([np.full((patch, patch, 1, 1), 1.0 / patch**2, "float32"), np.zeros(1, "float32")])
+    tokens = keras.ops.convert_to_numpy(layer(images))[0, :, 0]
+    np.testing.assert_allclose(tokens, np.arange(grid_h * grid_w), atol=1e-5)
+
+
+def test_patch_encoder_dynamic_image_size(rng):
+    """Built on (None, None, C), the encoder patches whatever valid size it is fed."""
+    layer = PatchEncoder(8, 6)
+    model = keras.Sequential([keras.Input((None, None, 2)), layer])
+    assert model.output_shape == (None, None, 6)
+    images = rng.normal(size=(1, 16, 40, 2)).astype("float32")
+    output = model.predict_on_batch(images)
+    assert output.shape == (1, 10, 6)
+    kernel, bias = (w.numpy() for w in layer.projection.weights)
+    np.testing.assert_allclose(output, _numpy_patchify(images, kernel, bias), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "shape,match",
+    [
+        ((1, 30, 32, 3), r"height 30 .*patch size 16.*multiple of 16 \(e\.g\. 16 or 32\)"),
+        ((1, 32, 40, 3), r"width 40 .*patch size 16.*multiple of 16 \(e\.g\. 32 or 48\)"),
+        ((1, 32, 3), r"\(batch, height, width, channels\)"),
+    ],
+)
+def test_patch_encoder_rejects_bad_shapes(shape, match):
+    with pytest.raises(ValueError, match=match):
+        PatchEncoder(16, 8)(np.zeros(shape, "float32"))
+
+
+def test_patch_encoder_rejects_other_channel_count():
+    layer = PatchEncoder(4, 8)
+    layer.build((None, 8, 8, 3))
+    with pytest.raises(ValueError, match=r"built for images with 3 channels but received 1.*channels=1"):
+        layer(np.zeros((1, 8, 8, 1), "float32"))
+
+
+# ---------------------------------------------------------------- ClassToken, PositionEmbedding, pooling
+
+
+def test_class_token_prepends_the_same_token_to_every_sample(rng):
+    tokens = rng.normal(size=(3, 5, 4)).astype("float32")
+    layer = ClassToken()
+    layer.build(tokens.shape)
+    _randomize(layer, rng)
+    cls = layer.token.numpy()
+    assert cls.shape == (1, 1, 4)
+    expected = np.concatenate([np.repeat(cls, 3, axis=0), tokens], axis=1)
+    output = keras.ops.convert_to_numpy(layer(tokens))
+    np.testing.assert_array_equal(output, expected)
+    assert layer.compute_output_shape(tokens.shape) == output.shape
+
+
+@pytest.mark.parametrize("grid,prefix", [((3, 3), 1), ((2, 5), 0)])
+def test_position_embedding_adds_its_weight(grid, prefix, rng):
+    tokens = rng.normal(size=(2, prefix + grid[0] * grid[1], 4)).astype("float32")
+    layer = PositionEmbedding(grid, num_prefix_tokens=prefix)
+    layer.build(tokens.shape)
+    _randomize(layer, rng)
+    assert layer.embedding.shape == (1, tokens.shape[1], 4)
+    output = keras.ops.convert_to_numpy(layer(tokens))
+    np.testing.assert_allclose(output, tokens + layer.embedding.numpy(), atol=1e-6, rtol=0)
+
+
+def test_position_embedding_rejects_wrong_token_count():
+    with pytest.raises(ValueError, match=r"made for 10 tokens .*received 17"):
+        PositionEmbedding(3)(np.zeros((1, 17, 4), "float32"))
+
+
+@needs_timm
+@pytest.mark.parametrize(
+    "new_grid,old_grid,old_tokens",
+    [
+        ((4, 4), None, 49),  # square -> square, old grid inferred
+        ((4, 6), None, 49),  # square -> non-square
+        ((6, 4), (3, 5), 15),  # non-square -> non-square
+    ],
+)
+def test_position_embedding_assign_resized_matches_timm(new_grid, old_grid, old_tokens, rng):
+    source = rng.normal(size=(1, 1 + old_tokens, 8)).astype("float32")
+    layer = PositionEmbedding(new_grid)
+    layer.build((None, layer.num_tokens, 8))
+    layer.assign_resized(source, old_grid=old_grid)
+    expected = _timm_resample(source, new_grid, old_grid)
+    np.testing.assert_allclose(layer.embedding.numpy(), expected, atol=TOLERANCE, rtol=0)
+    np.testing.assert_array_equal(layer.embedding.numpy()[:, :1], source[:, :1])
+
+
+def test_position_embedding_assign_resized_same_grid_is_a_copy(rng):
+    source = rng.normal(size=(1, 1 + 12, 4)).astype("float32")
+    layer = PositionEmbedding((3, 4))
+    layer.build((None, 13, 4))
+    layer.assign_resized(source, old_grid=(3, 4))
+    np.testing.assert_array_equal(layer.embedding.numpy(), source)
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+def test_token_pooling_matches_numpy(prefix, rng):
+    tokens = rng.normal(size=(3, prefix + 6, 4)).astype("float32")
+    token = keras.ops.convert_to_numpy(TokenPooling("token", num_prefix_tokens=prefix)(tokens))
+    gap = TokenPooling("gap", num_prefix_tokens=prefix)
+    pooled = keras.ops.convert_to_numpy(gap(tokens))
+    np.testing.assert_array_equal(token, tokens[:, 0])
+    np.testing.assert_allclose(pooled, tokens[:, prefix:].mean(axis=1), atol=1e-6, rtol=0)
+    assert gap.compute_output_shape(tokens.shape) == pooled.shape
+
+
+def test_token_pooling_rejects_unknown_mode():
+    with pytest.raises(ValueError, match=r"Unknown pooling 'max'.*'token', 'gap'"):
+        TokenPooling("max")
+
+
+# ------------------------------------------------------------------------------------- TransformerBlock
+
+
+def _copy_timm_block(reference: Block, block: TransformerBlock, num_heads: int) -> None:
+    """timm's fused qkv Linear -> per-head (D, H, hd) query/key/value kernels; Linear weights transposed."""
+    state = {name: value.detach().numpy() for name, value in reference.state_dict().items()}
+    dim = state["norm1.weight"].shape[0]
+    head_dim = dim // num_heads
+    qkv_w = state["attn.qkv.weight"].reshape(3, dim, dim)  # (q|k|v, out, in)
+    qkv_b = state["attn.qkv.bias"].reshape(3, num_heads, head_dim)
+    attention = block.attention
+    for index, dense in enumerate((attention._query_dense, attention._key_dense, attention._value_dense)):
+        dense.kernel.assign(qkv_w[index].T.reshape(dim, num_heads, head_dim))
+        dense.bias.assign(qkv_b[index])
+    attention._output_dense.kernel.assign(state["attn.proj.weight"].T.reshape(num_heads, head_dim, dim))
+    attention._output_dense.bias.assign(state["attn.proj.bias"])
+    for norm in ("norm1", "norm2"):
+        getattr(block, norm).gamma.assign(state[f"{norm}.weight"])
+        getattr(block, norm).beta.assign(state[f"{norm}.bias"])
+    for fc in ("fc1", "fc2"):
+        getattr(block, fc).kernel.assign(state[f"mlp.{fc}.weight"].T)
+        getattr(block, fc).bias.assign(state[f"mlp.{fc}.bias"])
+
+
+def _timm_block(dim: int, num_heads: int, mlp_ratio: float) -> Block:
+    torch.manual_seed(0)
+    norm_layer = partial(torch.nn.LayerNorm, eps=1e-6)
+    reference = Block(dim, num_heads, mlp_ratio, qkv_bias=True, norm_layer=norm_layer)
+    with torch.no_grad():
+        for parameter in reference.parameters():  # timm's init leaves biases/LN trivial: randomise all
+            parameter.normal_(0.0, 0.3 if parameter.ndim > 1 else 0.5)
+    return reference.eval()
+
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+@needs_timm
+@pytest.mark.parametrize("dim,num_heads,mlp_ratio", [(32, 4, 4.0), (24, 3, 2.5)])
+def test_transformer_block_matches_timm(dim, num_heads, mlp_ratio, rng):
+    tokens = rng.normal(size=(2, 10, dim)).astype("float32")
+    reference = _timm_block(dim, num_heads, mlp_ratio)
+    block = TransformerBlock(num_heads, int(dim * mlp_ratio))
+    block.build(tokens.shape)
+    _copy_timm_block(reference, block, num_heads)
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(tokens)).numpy()
+    output = keras.ops.convert_to_numpy(block(tokens, training=False))
+    np.testing.assert_allclose(output, expected, atol=TOLERANCE, rtol=0)
+    assert block.compute_output_shape(tokens.shape) == output.shape
+
+
+def test_transformer_block_attention_scores_are_softmax_qk(rng):
+    dim, num_heads, length = 24, 3, 7
+    head_dim = dim // num_heads
+    tokens = rng.normal(size=(2, length, dim)).astype("float32")
+    block = TransformerBlock(num_heads, 48)
+    block.build(tokens.shape)
+    _randomize(block, rng, scale=0.3)
+    output, scores = block(tokens, return_attention_scores=True)
+    scores = keras.ops.convert_to_numpy(scores)
+    assert scores.shape == (2, num_heads, length, length)
+    np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-6)
+    plain_output = keras.ops.convert_to_numpy(block(tokens))  # the fused attention path: last-bit changes
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), plain_output, atol=TOLERANCE, rtol=0)
+
+    normed = _layer_norm(tokens, block.norm1.gamma.numpy(), block.norm1.beta.numpy())
+    query = np.einsum("bnd,dhk->bhnk", normed, block.attention._query_dense.kernel.numpy())
+    query += block.attention._query_dense.bias.numpy()[None, :, None]
+    key = np.einsum("bnd,dhk->bhnk", normed, block.attention._key_dense.kernel.numpy())
+    key += block.attention._key_dense.bias.numpy()[None, :, None]
+    logits = query @ key.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
+    expected = np.exp(logits - logits.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(scores, expected, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("option", ["dropout", "attention_dropout", "drop_path"])
+def test_transformer_block_regularisation_only_in_training(option, rng):
+    """Inference equals the unregularised block on the same weights; training does not."""
+    tokens = rng.normal(size=(32, 5, 8)).astype("float32")
+    block = TransformerBlock(2, 16, **{option: 0.5})
+    plain = TransformerBlock(2, 16)
+    block.build(tokens.shape)
+    plain.build(tokens.shape)
+    _randomize(block, rng)
+    plain.set_weights(block.get_weights())
+    expected = keras.ops.convert_to_numpy(plain(tokens))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(block(tokens)), expected)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(block(tokens, training=False)), expected)
+    trained = keras.ops.convert_to_numpy(block(tokens, training=True))
+    changed = np.abs(trained - expected).max(axis=(1, 2)) > 1e-4
+    assert changed.any()
+    if option == "drop_path":  # samples whose two residual branches were both dropped pass through
+        unchanged = np.all(trained == tokens, axis=(1, 2))
+        assert unchanged.any() and not unchanged.all()
+
+
+def test_transformer_block_rejects_indivisible_heads():
+    with pytest.raises(ValueError, match=r"hidden size 10 is not divisible by 3 heads"):
+        TransformerBlock(3, 16)(np.zeros((1, 4, 10), "float32"))
+
+
+# -------------------------------------------------------------------------------------------- DropPath
+
+
+def test_drop_path_drops_whole_samples_and_keeps_the_expectation(rng):
+    rate = 0.25
+    inputs = rng.uniform(0.5, 1.5, size=(4000, 3, 2)).astype("float32")
+    outputs = keras.ops.convert_to_numpy(DropPath(rate, seed=1)(inputs, training=True))
+    dropped = np.all(outputs == 0.0, axis=(1, 2))
+    kept = np.all(np.isclose(outputs, inputs / (1 - rate), rtol=1e-6, atol=0), axis=(1, 2))
+    assert np.all(dropped ^ kept), "every sample must be either fully dropped or fully kept"
+    assert abs(dropped.mean() - rate) < 0.03  # binomial std ~0.007
+    np.testing.assert_allclose(outputs.mean(axis=0), inputs.mean(axis=0), rtol=0.04)  # E[out] == in
+
+
+def test_drop_path_is_identity_at_inference_and_at_rate_zero(rng):
+    inputs = rng.normal(size=(8, 3)).astype("float32")
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(DropPath(0.5)(inputs)), inputs)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(DropPath(0.5)(inputs, training=False)), inputs)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(DropPath(0.0)(inputs, training=True)), inputs)
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.0])
+def test_drop_path_rejects_bad_rate(rate):
+    with pytest.raises(ValueError, match=r"rate must be in \[0, 1\)"):
+        DropPath(rate)
+
+
+# ---------------------------------------------------------------- serialisation and mixed precision
+
+LAYER_CASES = [  # (factory taking extra layer kwargs, input shape)
+    (lambda **kw: PatchEncoder(4, 8, kernel_initializer="glorot_uniform", name="pe", **kw), (2, 8, 12, 3)),
+    (lambda **kw: ClassToken(initializer="ones", **kw), (2, 6, 8)),
+    (lambda **kw: PositionEmbedding((2, 3), num_prefix_tokens=1, **kw), (2, 7, 8)),
+    (lambda **kw: DropPath(0.2, seed=3, **kw), (2, 7, 8)),
+    (
+        lambda **kw: TransformerBlock(
+            2, 12, dropout=0.1, attention_dropout=0.2, drop_path=0.3, layer_norm_epsilon=1e-5, **kw
+        ),
+        (2, 7, 8),
+    ),
+    (lambda **kw: TokenPooling("gap", num_prefix_tokens=2, **kw), (2, 7, 8)),
+]
+LAYER_IDS = [
+    "PatchEncoder",
+    "ClassToken",
+    "PositionEmbedding",
+    "DropPath",
+    "TransformerBlock",
+    "TokenPooling",
+]
+
+
+@pytest.mark.parametrize("factory,shape", LAYER_CASES, ids=LAYER_IDS)
+def test_config_round_trip(factory, shape, rng):
+    """from_config (also via the registered name) rebuilds the same layer; same weights, same outputs."""
+    layer = factory()
+    layer.build(shape)
+    _randomize(layer, rng)
+    inputs = rng.normal(size=shape).astype("float32")
+    expected = keras.ops.convert_to_numpy(layer(inputs))
+    config = layer.get_config()
+
+    for clone in (
+        type(layer).from_config(config),
+        keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer)),
+    ):
+        assert type(clone) is type(layer)
+        assert clone.get_config() == config
+        if not clone.built:  # the serialised form carries a build config and comes back built
+            clone.build(shape)
+        clone.set_weights(layer.get_weights())
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(clone(inputs)), expected)
+
+
+@pytest.mark.parametrize("factory,shape", LAYER_CASES, ids=LAYER_IDS)
+@pytest.mark.parametrize("policy_from", ["global", "argument"])
+def test_mixed_bfloat16(factory, shape, policy_from, rng):
+    """Under mixed_bfloat16 each layer (and every sublayer) computes in bfloat16 on float32 variables.
+
+    "argument" passes `dtype=` to the layer alone, so sublayers only get it if the layer hands it on.
+    """
+    inputs = rng.normal(size=shape).astype("float32")
+    reference = factory()
+    expected = keras.ops.convert_to_numpy(reference(inputs))
+    if policy_from == "global":
+        keras.config.set_dtype_policy("mixed_bfloat16")
+        layer = factory()
+    else:
+        layer = factory(dtype="mixed_bfloat16")
+    layer.build(shape)
+    layer.set_weights(reference.get_weights())
+    output = layer(inputs)
+    assert keras.backend.standardize_dtype(output.dtype) == "bfloat16"
+    sublayers = layer._flatten_layers(include_self=True, recursive=True)
+    assert {sub.dtype_policy.name for sub in sublayers} == {"mixed_bfloat16"}
+    assert all(variable.dtype == "float32" for variable in layer.weights)
+    output = keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
+    np.testing.assert_allclose(output, expected, atol=0.05 * (np.abs(expected).max() + 1), rtol=0)
+
+
+# ------------------------------------------------------------------------------------ resize_pos_embed
+
+RESIZE_GRIDS = [  # (old grid, new grid, pass old_grid explicitly)
+    ((7, 7), (12, 12), False),  # up
+    ((14, 14), (8, 8), False),  # down
+    ((6, 9), (10, 4), True),  # non-square, mixed up/down
+    ((5, 5), (5, 8), False),  # one axis unchanged
+]
+
+
+@needs_timm
+@pytest.mark.parametrize("old_grid,new_grid,explicit", RESIZE_GRIDS)
+@pytest.mark.parametrize("method", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("antialias", [True, False])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_resize_pos_embed_matches_timm(old_grid, new_grid, explicit, method, antialias, prefix, rng):
+    source = rng.normal(size=(1, prefix + old_grid[0] * old_grid[1], 16)).astype("float32")
+    given = old_grid if explicit else None
+    result = resize_pos_embed(
+        source, new_grid, num_prefix_tokens=prefix, old_grid=given, method=method, antialias=antialias
+    )
+    expected = _timm_resample(source, new_grid, given, prefix, method, antialias)
+    assert result.shape == expected.shape == (1, prefix + new_grid[0] * new_grid[1], 16)
+    assert result.dtype == np.float32
+    np.testing.assert_allclose(result, expected, atol=TOLERANCE, rtol=0)
+
+
+@needs_timm
+def test_resize_pos_embed_accepts_two_dimensional_input(rng):
+    source = rng.normal(size=(1 + 16, 4)).astype("float32")
+    result = resize_pos_embed(source, 6)
+    np.testing.assert_allclose(result, _timm_resample(source[None], (6, 6))[0], atol=TOLERANCE, rtol=0)
+
+
+def test_resize_pos_embed_errors():
+    non_square = np.zeros((1, 1 + 15, 4), "float32")
+    with pytest.raises(ValueError, match=r"15 patch tokens.*pass old_grid=\(height, width\)"):
+        resize_pos_embed(non_square, (4, 4))
+    with pytest.raises(ValueError, match=r"old_grid 4x4 has 16 patches but pos_embed has 15"):
+        resize_pos_embed(non_square, (4, 4), old_grid=(4, 4))
+    with pytest.raises(ValueError, match=r"Unknown interpolation method 'nearest'"):
+        resize_pos_embed(non_square, (4, 4), old_grid=(3, 5), method="nearest")
+    with pytest.raises(ValueError, match=r"pos_embed must have shape"):
+        resize_pos_embed(np.zeros((2, 17, 4), "float32"), (4, 4))
