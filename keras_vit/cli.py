@@ -1,4 +1,4 @@
-"""`keras-vit`: the command line for the common jobs (list, inspect, classify, convert)."""
+"""`keras-vit`: the command line for the common jobs (list models and checkpoints, predict, convert)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _cmd_pretrained(args) -> int:
     return 0
 
 
-def _cmd_inspect(args) -> int:
+def _cmd_checkpoint(args) -> int:
     from keras_vit.converters import inspect_checkpoint
 
     info = inspect_checkpoint(args.checkpoint)
@@ -52,7 +52,7 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-def _cmd_classify(args) -> int:
+def _cmd_predict(args) -> int:
     import keras_vit
     from keras_vit.pretrained import model_entry
 
@@ -94,17 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--markdown", action="store_true", help="print the catalog as a markdown table")
     listing.set_defaults(run=_cmd_pretrained)
 
-    inspect = commands.add_parser("inspect", help="describe a checkpoint file (format, shapes, classes)")
-    inspect.add_argument("checkpoint", help="a Google .npz, timm or Hugging Face .safetensors / .bin file")
-    inspect.set_defaults(run=_cmd_inspect)
+    checkpoint = commands.add_parser("checkpoint", help="describe a checkpoint file (format, shapes)")
+    checkpoint.add_argument("checkpoint", help="a Google .npz, timm or Hugging Face .safetensors / .bin file")
+    checkpoint.set_defaults(run=_cmd_checkpoint)
 
     weights_help = "true (the variant's default checkpoint), a catalog tag, a local file or a hub repo id"
-    classify = commands.add_parser("classify", help="top-k ImageNet classes of image files")
-    classify.add_argument("images", nargs="+", help="image files (JPEG, PNG, ...)")
-    classify.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
-    classify.add_argument("--weights", type=_pretrained_arg, default=True, help=weights_help)
-    classify.add_argument("--top", type=int, default=5)
-    classify.set_defaults(run=_cmd_classify)
+    predict = commands.add_parser("predict", help="top-k classes (with names) of image files")
+    predict.add_argument("images", nargs="+", help="image files (JPEG, PNG, ...)")
+    predict.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
+    predict.add_argument("--weights", type=_pretrained_arg, default=True, help=weights_help)
+    predict.add_argument("--top", type=int, default=5)
+    predict.set_defaults(run=_cmd_predict)
 
     convert = commands.add_parser("convert", help="write a published checkpoint as a .keras model")
     convert.add_argument("output", help="path of the .keras file to write")

@@ -56,6 +56,7 @@ from keras_vit.converters import (
     load_checkpoint,
     read_checkpoint,
 )
+from keras_vit.hybrid import PREFIX as STEM_PREFIX
 from keras_vit.variants import VARIANTS, ViTConfig, get_config
 
 __all__ = [
@@ -344,12 +345,22 @@ class Checkpoint:
         model.pretrained_tag = self.tag
 
 
-_SHAPE_FIELDS = ("hidden_size", "depth", "num_heads", "mlp_dim", "patch_size")
+_SHAPE_FIELDS = ("hidden_size", "depth", "num_heads", "mlp_dim", "patch_size", "resnet_stages")
 
 
 def _architecture(source: ViTConfig | CheckpointInfo) -> dict[str, int]:
-    """The Transformer's shape of a config or checkpoint, as compared before loading."""
+    """The shape of a config's or checkpoint's Transformer (and hybrid ResNet), compared before loading."""
     return {key: getattr(source, key) for key in _SHAPE_FIELDS}
+
+
+def _resnet_stages(model: keras.Model) -> tuple[int, ...] | None:
+    """Units per stage of a hybrid's ResNet stem (layers `resnet_block{s}_unit{u}`), `None` if plain."""
+    names = [layer.name for layer in model.layers]
+    if f"{STEM_PREFIX}conv_root" not in names:
+        return None
+    units = [re.fullmatch(rf"{STEM_PREFIX}block(\d+)_unit\d+", name) for name in names]
+    stages = [int(match.group(1)) for match in units if match]
+    return tuple(stages.count(stage) for stage in range(1, max(stages, default=0) + 1))
 
 
 def _model_architecture(model: keras.Model) -> dict[str, int]:
@@ -362,7 +373,14 @@ def _model_architecture(model: keras.Model) -> dict[str, int]:
             f"Model {model.name!r} was not built by keras_vit (no patch_embed / block_0 layers): "
             "build it with keras_vit.create_model(...)."
         ) from None
-    shape = (patch_embed.hidden_size, len(blocks), first.num_heads, first.mlp_dim, patch_embed.patch_size)
+    shape = (
+        patch_embed.hidden_size,
+        len(blocks),
+        first.num_heads,
+        first.mlp_dim,
+        patch_embed.patch_size,
+        _resnet_stages(model),
+    )
     return dict(zip(_SHAPE_FIELDS, shape, strict=True))
 
 

@@ -73,26 +73,60 @@ def state_dict_numpy(model_or_state) -> dict[str, np.ndarray]:
     return {key: value.detach().cpu().numpy() for key, value in state.items()}
 
 
-def save_timm_safetensors(model: torch.nn.Module, path: str | os.PathLike) -> Path:
-    """Write `model`'s state dict as timm publishes it on the hub (`model.safetensors`)."""
+def save_timm_safetensors(
+    model_or_state: torch.nn.Module | dict[str, np.ndarray], path: str | os.PathLike
+) -> Path:
+    """Write a timm model's state dict (or one as numpy arrays) as timm publishes it (`model.safetensors`)."""
     path = Path(path)
-    save_file({key: value.contiguous() for key, value in model.state_dict().items()}, str(path))
+    if isinstance(model_or_state, torch.nn.Module):
+        state = model_or_state.state_dict()
+    else:
+        state = {key: torch.from_numpy(np.asarray(value)) for key, value in model_or_state.items()}
+    save_file({key: value.contiguous() for key, value in state.items()}, str(path))
     return path
+
+
+_STEM_ROOT = {"conv.weight": "conv_root/kernel", "norm.weight": "gn_root/scale", "norm.bias": "gn_root/bias"}
+
+
+def timm_stem_key_to_npz(key: str) -> str:
+    """A timm hybrid's ResNet key (`patch_embed.backbone.*`) in the Google layout, as timm's
+    `_load_weights` pairs them: `stem.conv` (or `conv` for the stem-only R+Ti) -> `conv_root`,
+    `stages.S.blocks.U.convI/normI` -> `block{S+1}/unit{U+1}/convI/gnI`, `downsample` -> `*_proj`."""
+    key = key.removeprefix("patch_embed.backbone.").removeprefix("stem.")
+    if key in _STEM_ROOT:
+        return _STEM_ROOT[key]
+    _, stage, _, unit, *module, kind = key.split(".")
+    module = ".".join(module)
+    module = {"downsample.conv": "conv_proj", "downsample.norm": "gn_proj"}.get(module, module)
+    module = module.replace("norm", "gn")
+    kind = "kernel" if module.startswith("conv") else {"weight": "scale", "bias": "bias"}[kind]
+    return f"block{int(stage) + 1}/unit{int(unit) + 1}/{module}/{kind}"
 
 
 def timm_to_google_npz(
     state: dict[str, np.ndarray],
     num_heads: int,
     pre_logits: tuple[np.ndarray, np.ndarray] | None = None,
+    groupnorm_4d: bool = False,
 ) -> dict[str, np.ndarray]:
     """The original Google `.npz` arrays (vision_transformer repo names) of a timm ViT state dict.
 
     The inverse of timm's `_load_weights`: HWIO patch kernel, (D, heads, hd) query/key/value
     kernels from the fused qkv, (heads, hd, D) output kernel, (in, out) dense kernels.
     `pre_logits` = `(kernel (D, R), bias (R,))` adds the ImageNet-21k representation layer,
-    which timm models do not have.
+    which timm models do not have. A hybrid's ResNet stem is written too, its GroupNorm
+    parameters as (1, 1, 1, C) with `groupnorm_4d` (Flax before 0.3.6, as in the R50 files).
     """
-    arrays = {
+    arrays = {}
+    for key, value in state.items():
+        if key.startswith("patch_embed.backbone."):
+            if value.ndim == 4:
+                value = value.transpose(2, 3, 1, 0)
+            elif groupnorm_4d:
+                value = value.reshape(1, 1, 1, -1)
+            arrays[timm_stem_key_to_npz(key)] = value
+    arrays |= {
         "embedding/kernel": state["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
         "embedding/bias": state["patch_embed.proj.bias"],
         "cls": state["cls_token"],

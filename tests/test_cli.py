@@ -37,11 +37,9 @@ def _top_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("  ")]
 
 
-def test_classify_matches_reference(checkpoint, photo, capsys):
+def test_predict_matches_reference(checkpoint, photo, capsys):
     path, reference = checkpoint
-    assert (
-        cli.main(["classify", str(photo), "--model", "vit_ti16", "--weights", str(path), "--top", "3"]) == 0
-    )
+    assert cli.main(["predict", str(photo), "--model", "vit_ti16", "--weights", str(path), "--top", "3"]) == 0
     lines = _top_lines(capsys.readouterr().out)
     assert len(lines) == 3
     pixels = keras_vit.preprocess_input(keras_vit.load_image(photo, 224, 0.9)[None])
@@ -51,9 +49,9 @@ def test_classify_matches_reference(checkpoint, photo, capsys):
     assert lines[0].split()[1] == str(best)
 
 
-def test_convert_and_inspect(checkpoint, tmp_path, capsys):
+def test_convert_and_checkpoint_info(checkpoint, tmp_path, capsys):
     path, _ = checkpoint
-    assert cli.main(["inspect", str(path)]) == 0
+    assert cli.main(["checkpoint", str(path)]) == 0
     out = capsys.readouterr().out
     assert "format: timm" in out and "hidden_size: 192" in out
     target = tmp_path / "tiny.keras"
@@ -74,7 +72,7 @@ def test_errors_are_one_line_messages(tmp_path, monkeypatch, capsys):
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # empty cache
-    assert cli.main(["classify", "x.png", "--model", "vit_ti16"]) == 1  # offline, empty cache
+    assert cli.main(["predict", "x.png", "--model", "vit_ti16"]) == 1  # offline, empty cache
     err = capsys.readouterr().err
     assert err.startswith("keras-vit: error:") and "timm/vit_tiny_patch16_224" in err
 

@@ -421,20 +421,19 @@ def test_hf_config_head_count_is_checked(keras_model, tmp_path):
         load_checkpoint(keras_model("vit_ti16"), directory / "model.safetensors")
 
 
-@pytest.mark.parametrize(
-    "format_name, stem_key",
-    [
+def test_stem_keys_make_a_hybrid_checkpoint(keras_model, ti_state):
+    for format_name, stem_key in (
         ("timm", "patch_embed.backbone.stem.conv.weight"),
         ("google_npz", "conv_root/kernel"),
-        ("hf", "vit.embeddings.patch_embeddings.backbone.bit.embedder.convolution.weight"),
-    ],
-)
-def test_hybrid_checkpoints_refused_clearly(format_name, stem_key, keras_model, ti_state):
-    state = {"timm": ti_state, "google_npz": writers.timm_to_google_npz(ti_state, 3)}.get(format_name, {})
-    if format_name == "hf":
-        state = {"vit.embeddings.patch_embeddings.projection.weight": ti_state["patch_embed.proj.weight"]}
-    state = {**state, stem_key: np.zeros((64, 3, 7, 7), "float32")}
-    assert detect_format(state) == format_name
-    for call in (lambda: inspect_checkpoint(state), lambda: load_checkpoint(keras_model("vit_ti16"), state)):
-        with pytest.raises(CheckpointError, match="hybrid checkpoints are not supported by this loader yet"):
-            call()
+    ):
+        state = ti_state if format_name == "timm" else writers.timm_to_google_npz(ti_state, 3)
+        state = {**state, stem_key: np.zeros((64, 3, 7, 7), "float32")}
+        assert inspect_checkpoint(state).resnet_stages == ()
+        with pytest.raises(CheckpointError, match="is a hybrid ResNet\\+ViT .* is a plain ViT"):
+            load_checkpoint(keras_model("vit_ti16"), state)
+    state = {
+        "vit.embeddings.patch_embeddings.projection.weight": ti_state["patch_embed.proj.weight"],
+        "vit.embeddings.patch_embeddings.backbone.bit.embedder.convolution.weight": np.zeros((64, 3, 7, 7)),
+    }
+    with pytest.raises(CheckpointError, match="load from the .* formats only"):
+        inspect_checkpoint(state)

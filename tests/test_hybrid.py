@@ -3,6 +3,7 @@ with timm's `vision_transformer_hybrid` models on random weights."""
 
 import dataclasses
 
+import checkpoint_writers as writers
 import keras
 import numpy as np
 import pytest
@@ -60,44 +61,6 @@ def _hw(size):
 # --- timm references -------------------------------------------------------------------------
 
 
-def _load_timm_state(model, state):
-    """Load a timm hybrid state dict: the stem through `stem_weights`, the ViT part mapped here."""
-    for variable, value in stem_weights(state, "timm", model):
-        variable.assign(value)
-    projection = model.get_layer("patch_embed").projection
-    projection.kernel.assign(state["patch_embed.proj.weight"].transpose(2, 3, 1, 0))
-    projection.bias.assign(state["patch_embed.proj.bias"])
-    model.get_layer("class_token").token.assign(state["cls_token"])
-    model.get_layer("pos_embed").assign_resized(state["pos_embed"])  # bicubic + antialias, as timm
-    index = 0
-    while f"blocks.{index}.norm1.weight" in state:
-        block, prefix = model.get_layer(f"block_{index}"), f"blocks.{index}."
-        width, heads = state[prefix + "norm1.weight"].shape[0], block.num_heads
-        for norm in ("norm1", "norm2"):
-            getattr(block, norm).gamma.assign(state[f"{prefix}{norm}.weight"])
-            getattr(block, norm).beta.assign(state[f"{prefix}{norm}.bias"])
-        qkv_kernel = state[prefix + "attn.qkv.weight"].reshape(3, width, width)
-        qkv_bias = state[prefix + "attn.qkv.bias"].reshape(3, width)
-        attention = block.attention
-        for part, dense in enumerate((attention._query_dense, attention._key_dense, attention._value_dense)):
-            dense.kernel.assign(qkv_kernel[part].T.reshape(width, heads, width // heads))
-            dense.bias.assign(qkv_bias[part].reshape(heads, width // heads))
-        attention._output_dense.kernel.assign(
-            state[prefix + "attn.proj.weight"].T.reshape(heads, width // heads, width)
-        )
-        attention._output_dense.bias.assign(state[prefix + "attn.proj.bias"])
-        for fc in ("fc1", "fc2"):
-            getattr(block, fc).kernel.assign(state[f"{prefix}mlp.{fc}.weight"].T)
-            getattr(block, fc).bias.assign(state[f"{prefix}mlp.{fc}.bias"])
-        index += 1
-    norm = model.get_layer("encoder_norm")
-    norm.gamma.assign(state["norm.weight"])
-    norm.beta.assign(state["norm.bias"])
-    head = model.get_layer("head")
-    head.kernel.assign(state["head.weight"].T)
-    head.bias.assign(state["head.bias"])
-
-
 _REFERENCES = {}
 
 
@@ -153,22 +116,63 @@ PARITY_CASES = [
 
 
 @pytest.mark.parametrize("name,size", PARITY_CASES, ids=[f"{n}-{s}" for n, s in PARITY_CASES])
-def test_logits_match_timm(name, size):
+def test_logits_match_timm(name, size, tmp_path):
+    """Loaded from timm's safetensors and from the Google .npz of the same weights, at any size."""
     torch = _torch()
     reference, state = _timm_reference(name)
     height, width = _hw(size)
     if (height, width) != (224, 224):
         reference = _timm_at(name, (height, width), state)
-    model = keras_vit.create_model(name, image_size=(height, width))
-    _load_timm_state(model, state)
     images = _images((height, width))
     with torch.no_grad():
         expected = reference(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
-    logits = keras.ops.convert_to_numpy(model(images))
     assert np.abs(expected).max() > 0.5  # the head and every norm really take part
-    np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-4)
+    model = keras_vit.create_model(name, image_size=(height, width))
+    num_heads = model.get_layer("block_0").num_heads
+    files = {
+        "timm": writers.save_timm_safetensors(state, tmp_path / "model.safetensors"),
+        "google_npz": writers.save_npz(
+            writers.timm_to_google_npz(state, num_heads, groupnorm_4d=True), tmp_path / "model.npz"
+        ),
+    }
+    for format_name, path in files.items():
+        _randomise(model)  # nothing from the previous load may survive
+        info = keras_vit.inspect_checkpoint(path)
+        grid = (224 // get_config(name).stride,) * 2  # the checkpoint's own grid, whatever the model's
+        assert (info.format, info.variant, info.grid) == (format_name, name, grid)
+        keras_vit.load_checkpoint(model, path)
+        logits = keras.ops.convert_to_numpy(model(images))
+        np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-4, err_msg=format_name)
     del model, reference
     keras.backend.clear_session()
+
+
+@pytest.mark.parametrize("name", ["vit_r26_s32", "vit_r_ti16"])
+def test_google_npz_writer_is_what_timm_loads(name, tmp_path):
+    """The .npz the parity test writes is right: timm's own Google-checkpoint loader reproduces the model."""
+    torch = _torch()
+    import timm
+    from timm.models.vision_transformer import _load_weights
+
+    reference, state = _timm_reference(name)
+    heads = reference.blocks[0].attn.num_heads
+    path = writers.save_npz(writers.timm_to_google_npz(state, heads, groupnorm_4d=True), tmp_path / "m.npz")
+    loaded = timm.create_model(TIMM_NAMES[name], pretrained=False, num_classes=1000).eval()
+    _load_weights(loaded, str(path))
+    images = torch.from_numpy(_images((224, 224))).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        np.testing.assert_array_equal(loaded(images).numpy(), reference(images).numpy())
+
+
+def test_hybrid_and_plain_checkpoints_do_not_mix(tmp_path):
+    _, state = _timm_reference("vit_r_ti16")
+    with pytest.raises(CheckpointError, match="is a hybrid ResNet\\+ViT .* but model .* is a plain ViT"):
+        keras_vit.load_checkpoint(keras_vit.vit_ti16(image_size=32), state)
+    plain = {key: value for key, value in state.items() if not key.startswith("patch_embed.backbone.")}
+    with pytest.raises(CheckpointError, match="is a hybrid ResNet\\+ViT but the timm checkpoint"):
+        keras_vit.load_checkpoint(keras_vit.vit_r_ti16(image_size=64), plain)
+    with pytest.raises(ValueError, match="vit_r_ti16 checkpoint: load it with keras_vit.vit_r_ti16"):
+        keras_vit.vit_r26_s32(pretrained=writers.save_timm_safetensors(state, tmp_path / "ti.safetensors"))
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
@@ -357,24 +361,6 @@ def test_mixed_bfloat16_runs_the_stem_in_bfloat16():
 # --- checkpoint name maps --------------------------------------------------------------------
 
 
-def _timm_to_npz_key(key):
-    """A timm stem key in the Google layout, as timm's `_load_weights` pairs them."""
-    key = key.removeprefix("patch_embed.backbone.")
-    names = {
-        "stem.conv.weight": "conv_root/kernel",
-        "stem.norm.weight": "gn_root/scale",
-        "stem.norm.bias": "gn_root/bias",
-    }
-    if key in names:
-        return names[key]
-    _, stage, _, block, *module, kind = key.split(".")
-    module = ".".join(module)
-    module = {"downsample.conv": "conv_proj", "downsample.norm": "gn_proj"}.get(module, module)
-    module = module.replace("norm", "gn")
-    kind = "kernel" if module.startswith("conv") else {"weight": "scale", "bias": "bias"}[kind]
-    return f"block{int(stage) + 1}/unit{int(block) + 1}/{module}/{kind}"
-
-
 def test_google_npz_map_loads_what_the_timm_map_loads():
     _, state = _timm_reference("vit_r26_s32")
     model = keras_vit.vit_r26_s32(image_size=64)
@@ -383,7 +369,9 @@ def test_google_npz_map_loads_what_the_timm_map_loads():
     for key, value in state.items():
         if key.startswith("patch_embed.backbone."):
             value = value.transpose(2, 3, 1, 0) if value.ndim == 4 else value.reshape(1, 1, 1, -1)
-            npz["opt/target/" + _timm_to_npz_key(key)] = value  # (1,1,1,C) GroupNorm, as pre-0.3.6 Flax
+            npz["opt/target/" + writers.timm_stem_key_to_npz(key)] = (
+                value  # (1,1,1,C) GroupNorm, as pre-0.3.6 Flax
+            )
     from_npz = {
         variable.path: value
         for variable, value in stem_weights(npz, "google_npz", model, prefix="opt/target/")

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from keras_vit.converters import common
+from keras_vit.converters import common, resnet_stem
 from keras_vit.converters.common import Conversion, keep, rules
 from keras_vit.converters.errors import CheckpointError
 
@@ -26,7 +26,6 @@ NAME = "google_npz"
 PREFIXES = ("opt/target/", "params/img/", "params/", "")
 _STACKED = "Transformer/encoderblock/"
 _BLOCK = re.compile(r"Transformer/encoderblock_(\d+)/(.+)")
-_STEM = re.compile(r"(conv_root|gn_root|block\d+/unit\d+)/.+")
 
 
 def _prepend_class_position(array: np.ndarray, num_heads: int | None) -> np.ndarray:
@@ -117,7 +116,7 @@ def normalise(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def is_stem_key(key: str) -> bool:
     """Whether a (normalised) key belongs to a hybrid's ResNet stem (`conv_root`, `block1/unit1/...`)."""
-    return _STEM.fullmatch(key) is not None
+    return resnet_stem.is_stem_key(key, NAME)
 
 
 def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:

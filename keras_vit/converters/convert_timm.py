@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from keras_vit.converters import common
+from keras_vit.converters import common, resnet_stem
 from keras_vit.converters.common import (
     Conversion,
     compose,
@@ -29,7 +29,6 @@ from keras_vit.converters.common import (
 
 NAME = "timm"
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
-_STEM_PREFIX = "patch_embed.backbone."
 
 _TOP = {
     "patch_embed.proj.weight": rules((common.PATCH_KERNEL, conv_kernel)),
@@ -79,7 +78,7 @@ def normalise(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def is_stem_key(key: str) -> bool:
     """Whether a key belongs to a hybrid's ResNet backbone (`patch_embed.backbone.*`)."""
-    return key.startswith(_STEM_PREFIX)
+    return resnet_stem.is_stem_key(key, NAME)
 
 
 def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:

@@ -15,10 +15,11 @@ from types import ModuleType
 import keras
 import numpy as np
 
-from keras_vit.converters import common, convert_google_npz, convert_hf, convert_timm
+from keras_vit.converters import common, convert_google_npz, convert_hf, convert_timm, resnet_stem
 from keras_vit.converters.common import CanonicalTensor, Conversion
 from keras_vit.converters.errors import CheckpointError
 from keras_vit.converters.reading import read_checkpoint, resolve_checkpoint_file
+from keras_vit.hybrid import PREFIX as STEM_PREFIX
 from keras_vit.variants import VARIANTS, WIDTHS
 
 __all__ = ["FORMATS", "CheckpointInfo", "detect_format", "inspect_checkpoint", "load_checkpoint"]
@@ -45,7 +46,9 @@ class CheckpointInfo:
 
     `grid` is the patch grid of its position embedding, `num_classes` its head's classes
     (`None`: no head), `representation_size` its pre-logits width (`None`: none), `variant`
-    the matching name in `keras_vit.variants.VARIANTS` (`None` if no variant matches).
+    the matching name in `keras_vit.variants.VARIANTS` (`None` if no variant matches),
+    `resnet_stages` the units per stage of a hybrid's ResNet stem (`None`: a plain ViT).
+    `patch_size` is in pixels of the Transformer's input: the ResNet feature map for hybrids.
     """
 
     format: str
@@ -59,6 +62,7 @@ class CheckpointInfo:
     num_classes: int | None
     representation_size: int | None
     variant: str | None
+    resnet_stages: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class _Checkpoint:
     stored_heads: int | None  # from the weights' shapes or config.json; None if not recorded
     stored_grid: tuple[int, int] | None  # from config.json; None if not recorded
     label: str
+    stem: dict[str, np.ndarray]  # a hybrid's ResNet stem weights, by checkpoint key; empty if plain
+    resnet_stages: tuple[int, ...] | None
 
     @property
     def module(self) -> ModuleType:
@@ -125,16 +131,15 @@ def _read(source, format: str | None) -> _Checkpoint:
     config = _hf_config(path) if format == "hf" and path is not None else {}
     module = FORMATS[format]
     flat = module.normalise(state)
-    stem = sorted(key for key in flat if module.is_stem_key(key))
-    if stem:
-        # Hybrid ResNet+ViT checkpoints: the stem keys would be mapped here, per format.
+    stem = {key: flat.pop(key) for key in [key for key in flat if module.is_stem_key(key)]}
+    if stem and format not in resnet_stem.FORMATS:
         raise CheckpointError(
-            f"The {format} checkpoint {label} is a hybrid ResNet+ViT (it has ResNet stem keys such as "
-            f"{stem[:3]}): hybrid checkpoints are not supported by this loader yet. Use a plain ViT "
-            "checkpoint."
+            f"The {format} checkpoint {label} has ResNet stem keys such as {sorted(stem)[:3]}: hybrid "
+            f"ResNet+ViT checkpoints load from the {resnet_stem.FORMATS} formats only."
         )
+    stages = resnet_stem.resnet_stages(stem, format) if stem else None
     stored_heads = module.num_heads(flat) or config.get("num_attention_heads")
-    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label)
+    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label, stem, stages)
 
 
 def _default_heads(hidden_size: int) -> int:
@@ -185,13 +190,19 @@ def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
     patch_size = int(kernel.shape[0])
     head = tensors.get(common.HEAD_KERNEL)
     pre_logits = tensors.get(common.PRE_LOGITS_KERNEL)
-    architecture = (patch_size, hidden_size, depth, num_heads, mlp_dim)
+    architecture = (patch_size, hidden_size, depth, num_heads, mlp_dim, checkpoint.resnet_stages)
     variant = next(
         (
             name
             for name, config in VARIANTS.items()
-            if not config.is_hybrid
-            and (config.patch_size, config.hidden_size, config.depth, config.num_heads, config.mlp_dim)
+            if (
+                config.patch_size,
+                config.hidden_size,
+                config.depth,
+                config.num_heads,
+                config.mlp_dim,
+                config.resnet_stages,
+            )
             == architecture
         ),
         None,
@@ -208,6 +219,7 @@ def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
         num_classes=None if head is None else int(head.value.shape[-1]),
         representation_size=None if pre_logits is None else int(pre_logits.value.shape[-1]),
         variant=variant,
+        resnet_stages=checkpoint.resnet_stages,
     )
 
 
@@ -240,12 +252,37 @@ def _source_grid(pos_embed: np.ndarray, checkpoint: _Checkpoint, layer) -> tuple
 
 
 def _model_targets(model: keras.Model) -> dict[str, keras.Variable]:
-    """Every weight of `model` by its path relative to the model (e.g. `block_0/fc1/kernel`)."""
+    """Every Transformer weight of `model` by its path relative to the model (`block_0/fc1/kernel`).
+
+    A hybrid's ResNet stem (layers `resnet_*`) is left out: `resnet_stem.stem_weights` maps it.
+    """
     return {
         layer.name + variable.path[len(layer.path) :]: variable
         for layer in model.layers
+        if not layer.name.startswith(STEM_PREFIX)
         for variable in layer.weights
     }
+
+
+def _stem_assignments(
+    model: keras.Model, layers: dict[str, keras.layers.Layer], checkpoint: _Checkpoint
+) -> list[tuple[keras.Variable, np.ndarray]]:
+    """The (variable, value) pairs of a hybrid's ResNet stem; an error if only one side is hybrid."""
+    model_is_hybrid = f"{STEM_PREFIX}conv_root" in layers
+    if not checkpoint.stem and not model_is_hybrid:
+        return []
+    if not checkpoint.stem:
+        raise CheckpointError(
+            f"Model {model.name!r} is a hybrid ResNet+ViT but the {checkpoint.format} checkpoint "
+            f"{checkpoint.label} is a plain ViT (no ResNet stem weights): build the plain variant."
+        )
+    if not model_is_hybrid:
+        raise CheckpointError(
+            f"The {checkpoint.format} checkpoint {checkpoint.label} is a hybrid ResNet+ViT (ResNet stages "
+            f"{checkpoint.resnet_stages}, keys such as {sorted(checkpoint.stem)[:2]}) but model "
+            f"{model.name!r} is a plain ViT: build the hybrid (e.g. keras_vit.vit_r50_b16)."
+        )
+    return resnet_stem.stem_weights(checkpoint.stem, checkpoint.format, model)
 
 
 def _model_summary(layers: dict[str, keras.layers.Layer]) -> str:
@@ -342,7 +379,7 @@ def load_checkpoint(
     targets = _model_targets(model)
     skip_head, skip_pre_logits, notes = _skipped_parts(layers, tensors)
 
-    assignments: list[tuple[keras.Variable, np.ndarray]] = []
+    assignments = _stem_assignments(model, layers, checkpoint)
     resized_pos_embed: tuple[np.ndarray, tuple[int, int]] | None = None
     mismatched, unused, problems = [], [_describe_key(key, checkpoint.flat) for key in conversion.unused], []
     for name, tensor in tensors.items():

@@ -20,20 +20,26 @@ report unused ones.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import keras
 import numpy as np
 
+from keras_vit.converters.common import adapt_input_conv
 from keras_vit.converters.errors import CheckpointError
 from keras_vit.hybrid import PREFIX
 
-__all__ = ["FORMATS", "DEFAULT_PREFIXES", "is_stem_key", "stem_name_map", "stem_weights"]
+__all__ = ["FORMATS", "DEFAULT_PREFIXES", "is_stem_key", "resnet_stages", "stem_name_map", "stem_weights"]
 
 FORMATS = ("timm", "google_npz")
 DEFAULT_PREFIXES = {"timm": "patch_embed.backbone.", "google_npz": ""}
 _UNIT = re.compile(rf"^{PREFIX}block(\d+)_unit(\d+)$")
 _NPZ_STEM = re.compile(r"(conv_root|gn_root|block\d+/unit\d+)/.+")
+_SOURCE_UNIT = {
+    "timm": re.compile(r"stages\.(\d+)\.blocks\.(\d+)\..+"),
+    "google_npz": re.compile(r"block(\d+)/unit(\d+)/.+"),
+}
+_FIRST_STAGE = {"timm": 0, "google_npz": 1}
 
 
 def _check_format(fmt: str) -> None:
@@ -48,6 +54,30 @@ def is_stem_key(key: str, fmt: str, prefix: str | None = None) -> bool:
     if not key.startswith(prefix):
         return False
     return fmt == "timm" or _NPZ_STEM.fullmatch(key[len(prefix) :]) is not None
+
+
+def resnet_stages(keys: Collection[str], fmt: str, prefix: str | None = None) -> tuple[int, ...]:
+    """The units per stage of the ResNet stem whose weights are `keys` (`()`: root only).
+
+    Stages and units must be numbered without gaps, as the references write them.
+    """
+    _check_format(fmt)
+    prefix = DEFAULT_PREFIXES[fmt] if prefix is None else prefix
+    units: dict[int, set[int]] = {}
+    for key in keys:
+        match = _SOURCE_UNIT[fmt].fullmatch(key[len(prefix) :]) if key.startswith(prefix) else None
+        if match:
+            stage = int(match.group(1)) - _FIRST_STAGE[fmt]
+            units.setdefault(stage, set()).add(int(match.group(2)) - _FIRST_STAGE[fmt])
+    stages = tuple(len(units[stage]) for stage in sorted(units))
+    if sorted(units) != list(range(len(units))) or any(
+        sorted(found) != list(range(len(found))) for found in units.values()
+    ):
+        raise CheckpointError(
+            f"The ResNet stem keys of this {fmt} checkpoint number their stages/units with gaps "
+            f"({ {stage: sorted(found) for stage, found in sorted(units.items())} }): the file is damaged."
+        )
+    return stages
 
 
 def _units(model: keras.Model) -> list[tuple[int, int, keras.layers.Layer]]:
@@ -148,12 +178,15 @@ def stem_weights(
             f"{extra[:3]}): it was trained with more ResNet units or stages; build that variant."
         )
     pairs, mismatched = [], []
+    root_kernel = model.get_layer(f"{PREFIX}conv_root").kernel
     for key, variable in mapping.items():
         value = np.asarray(state[key], dtype=np.float32)
         if value.ndim == 4 and fmt == "timm":
             value = value.transpose(2, 3, 1, 0)  # OIHW -> HWIO
         elif len(variable.shape) == 1:
             value = value.reshape(-1)  # (1, 1, 1, C) GroupNorm parameters of older Flax files
+        if variable is root_kernel and value.ndim == 4:
+            value = adapt_input_conv(value, variable.shape[2])  # grayscale or extra channels, as timm
         if tuple(value.shape) != tuple(variable.shape):
             mismatched.append(f"{key}: checkpoint {tuple(value.shape)} vs model {tuple(variable.shape)}")
         pairs.append((variable, value))
