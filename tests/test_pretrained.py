@@ -20,6 +20,7 @@ import safetensors.torch
 import timm
 import torch
 from timm.models import get_pretrained_cfg
+from timm.models.vision_transformer_hybrid import checkpoint_filter_fn
 
 import keras_vit
 from keras_vit import pretrained as kp
@@ -211,6 +212,27 @@ def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(hub_cache
     reloaded = keras.saving.load_model(tmp_path / "m.keras")
     assert kp.model_entry(reloaded).tag == "vit_ti16.augreg_in21k_ft_in1k"
     del model, reloaded
+    keras.backend.clear_session()
+
+
+def test_hybrid_pretrained_true_from_cache_matches_timm(hub_cache):
+    """The hybrid rows of the catalog load like the plain ones: R+ViT-Ti/16's default tag, at 384 px."""
+    entry = kp.get_entry(kp.default_tag("vit_r_ti16"))
+    torch.manual_seed(0)
+    reference = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False).eval()
+    with torch.no_grad():
+        for parameter in reference.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    data = safetensors.torch.save({key: value.contiguous() for key, value in reference.state_dict().items()})
+    populate_cache(hub_cache, entry.hub_repo, entry.filename, data)
+    model = keras_vit.vit_r_ti16(pretrained=True, image_size=384)
+    assert model.pretrained_tag == entry.tag == "vit_r_ti16.augreg_in21k_ft_in1k"
+    resized = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, img_size=384).eval()
+    resized.load_state_dict(checkpoint_filter_fn(reference.state_dict(), resized))
+    images = np.random.default_rng(0).uniform(-1, 1, (1, 384, 384, 3)).astype("float32")
+    logits = keras.ops.convert_to_numpy(model(images))
+    np.testing.assert_allclose(logits, timm_logits(resized, images), atol=1e-4, rtol=0)
+    del model
     keras.backend.clear_session()
 
 
