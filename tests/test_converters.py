@@ -108,7 +108,7 @@ def test_timm_safetensors_parity(variant, keras_model, timm_vit, tmp_path):
     assert _max_diff(_keras(model, images), _timm(reference, images)) <= TOLERANCE
 
 
-@pytest.mark.parametrize("variant", ["vit_ti16", "vit_b16"])
+@pytest.mark.parametrize("variant", ["vit_ti16", "vit_s16", "vit_b16", "vit_b32"])
 def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path):
     reference = timm_vit(variant)
     arrays = writers.timm_to_google_npz(writers.state_dict_numpy(reference), HEADS[variant])
@@ -135,7 +135,7 @@ def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path):
     assert _max_diff(_keras(model, images), expected) <= TOLERANCE
 
 
-@pytest.mark.parametrize("variant", ["vit_ti16", "vit_b16"])
+@pytest.mark.parametrize("variant", ["vit_ti16", "vit_s16", "vit_b16", "vit_b32"])
 def test_hf_parity_safetensors_and_bin(variant, keras_model, tmp_path):
     reference = writers.random_hf_vit(variant, seed=3)
     directory = writers.save_hf(reference, tmp_path / "hf")
@@ -168,10 +168,12 @@ def test_position_embedding_resized_like_timm(image_size, keras_model, timm_vit,
     reference = timm.create_model("vit_tiny_patch16_224", img_size=image_size, weight_init="skip").eval()
     reference.load_state_dict(checkpoint_filter_fn(timm_vit("vit_ti16").state_dict(), reference))
     model = keras_model("vit_ti16", image_size=image_size)
-    load_checkpoint(model, ti_state)
     size = (image_size, image_size) if isinstance(image_size, int) else image_size
     images = _images(size)
-    assert _max_diff(_keras(model, images), _timm(reference, images)) <= TOLERANCE
+    expected = _timm(reference, images)
+    for state in (ti_state, writers.timm_to_google_npz(ti_state, 3)):  # timm and Google layouts
+        load_checkpoint(model, state)
+        assert _max_diff(_keras(model, images), expected) <= TOLERANCE
 
 
 def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti_state, tmp_path):
