@@ -1,0 +1,506 @@
+"""tf.data input pipelines: sources, a resumable training stream, evaluation, sharding.
+
+Sources (`Source`) describe a labelled image set: `from_arrays`, `from_directory` (the
+`keras.utils.image_dataset_from_directory` layout), `from_tfds` (prepared tensorflow-datasets
+data) and `load_digits` (scikit-learn's 8x8 digits, the offline main job's data).
+`source.dataset` gives its examples in stored order, unbatched: `(image, label)` with image
+uint8 `(H, W, 3)` (grayscale repeated to RGB, as every ViT checkpoint takes RGB) and label a
+SPARSE int32 class index (`keras_vit.recipes.loss` takes sparse labels).
+
+`train_pipeline` is an endless stream of batches whose content is a pure function of
+`(seed, epoch)`: the examples are read in passes, each pass a permutation drawn with
+stateless random ops from `(seed, pass)`, and the inception crop and flip of each example
+are drawn from `(seed, pass, position in pass)`. Epoch `e` is the stretch of batches
+`[e * steps, (e + 1) * steps)` of that stream, so a fresh process built with
+`start_epoch=k` yields exactly what an uninterrupted run yields from epoch `k` on: the basis
+of exact resume with epoch-granular backups. Nothing depends on TensorFlow's global seed.
+
+`eval_pipeline` resizes and centre-crops like timm's evaluation transform, and
+`normalisation_for` reads the mean/std a pretrained checkpoint expects. `distribute` hands a
+pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
+from keras_vit.pretrained import model_entry
+
+__all__ = [
+    "DataNotPreparedError",
+    "Source",
+    "distribute",
+    "epoch_steps",
+    "eval_pipeline",
+    "from_arrays",
+    "from_directory",
+    "from_tfds",
+    "load_digits",
+    "normalisation_for",
+    "train_pipeline",
+]
+
+AUTOTUNE = tf.data.AUTOTUNE
+ShardPolicy = tf.data.experimental.AutoShardPolicy
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+INTERPOLATIONS = ("bilinear", "bicubic", "area", "nearest")
+# Independent random streams derived from the user's seed.
+_SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
+
+
+class DataNotPreparedError(FileNotFoundError):
+    """A tensorflow-datasets dataset is not prepared on disk (and is never downloaded here)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """A labelled image set: its examples, size, classes and how to read it.
+
+    Random-access sources (arrays, directories) hold `lookup(index) -> (image, label)`, so a
+    training pass is an exact permutation. Sequential sources (tensorflow-datasets) hold
+    `records()` (raw records in stored order) and `decode(record) -> (image, label)`; a
+    training pass shuffles them within windows of `shuffle_buffer` records.
+    """
+
+    num_examples: int
+    num_classes: int
+    class_names: tuple[str, ...] | None
+    shard_policy: ShardPolicy
+    lookup: Callable | None = None
+    records: Callable[[], tf.data.Dataset] | None = None
+    decode: Callable | None = None
+
+    @property
+    def dataset(self) -> tf.data.Dataset:
+        """The examples in stored order, unbatched: `(uint8 (H, W, 3), int32 label)`."""
+        if self.lookup is not None:
+            return tf.data.Dataset.range(self.num_examples).map(self.lookup, num_parallel_calls=AUTOTUNE)
+        return self.records().map(self.decode, num_parallel_calls=AUTOTUNE)
+
+
+def _as_rgb(image: tf.Tensor) -> tf.Tensor:
+    """uint8 `(H, W, 1 or 3)` -> `(H, W, 3)`."""
+    if image.shape[-1] == 1:
+        return tf.image.grayscale_to_rgb(image)
+    return image
+
+
+def _check_labels(labels: np.ndarray, num_classes: int | None, count: int) -> int:
+    if labels.shape != (count,) or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"labels must be {count} integer class indices (shape ({count},)), got dtype {labels.dtype} "
+            f"and shape {labels.shape}: convert one-hot labels with labels.argmax(-1)."
+        )
+    if count == 0:
+        raise ValueError("The source has no examples.")
+    num_classes = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(
+            f"labels must lie in [0, num_classes) = [0, {num_classes}), got [{labels.min()}, {labels.max()}]."
+        )
+    return num_classes
+
+
+def from_arrays(
+    images,
+    labels,
+    *,
+    num_classes: int | None = None,
+    class_names: Sequence[str] | None = None,
+) -> Source:
+    """A source over in-memory images `(N, H, W)`, `(N, H, W, 1)` or `(N, H, W, 3)` and labels `(N,)`.
+
+    Pixel values must lie in [0, 255] (uint8, or integer/float values there: floats are
+    rounded; floats within [0, 1] are refused as already scaled). `num_classes` defaults to
+    `len(class_names)` or `max(labels) + 1`. The arrays become constants of the input
+    pipeline, so they must fit in memory (and under 2 GB).
+    """
+    images = np.asarray(images)
+    labels = np.asarray(labels)
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ValueError(f"images must be (N, H, W), (N, H, W, 1) or (N, H, W, 3), got shape {images.shape}.")
+    if images.dtype != np.uint8:
+        if not np.issubdtype(images.dtype, np.number) or images.dtype == bool:
+            raise ValueError(f"images must be numeric pixel values in [0, 255], got dtype {images.dtype}.")
+        low, high = float(images.min()), float(images.max())
+        if low < 0 or high > 255:
+            raise ValueError(f"images must have pixel values in [0, 255], got [{low:g}, {high:g}].")
+        if np.issubdtype(images.dtype, np.floating) and 0 < high <= 1:
+            raise ValueError(
+                f"These float images lie in [{low:g}, {high:g}], which looks like [0, 1] scaling; "
+                "sources take pixel values in [0, 255]: multiply by 255 first."
+            )
+        images = np.round(images).astype("uint8")
+    if class_names is not None:
+        class_names = tuple(str(name) for name in class_names)
+        num_classes = len(class_names) if num_classes is None else num_classes
+        if len(class_names) != num_classes:
+            raise ValueError(f"{len(class_names)} class_names for num_classes={num_classes}.")
+    num_classes = _check_labels(labels, num_classes, len(images))
+    image_table = tf.constant(images)
+    label_table = tf.constant(labels.astype("int32"))
+
+    def lookup(index):
+        return _as_rgb(tf.gather(image_table, index)), tf.gather(label_table, index)
+
+    return Source(len(images), num_classes, class_names, ShardPolicy.DATA, lookup=lookup)
+
+
+def _decode_file(path: tf.Tensor) -> tf.Tensor:
+    image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+    return tf.ensure_shape(image, (None, None, 3))
+
+
+def from_directory(path: str | os.PathLike) -> Source:
+    """A source over an image folder with one sub-folder per class (`image_dataset_from_directory`).
+
+    Classes are the sub-folders in alphanumeric order (label i = i-th folder); images are the
+    files below each (searched recursively) with extension bmp, gif (first frame), jpeg, jpg
+    or png, in sorted order. Files are decoded when read, so the folder can exceed memory.
+    """
+    root = os.fspath(path)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"Image folder {root!r} does not exist.")
+    class_names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    paths, labels = [], []
+    for label, name in enumerate(class_names):
+        for folder, _, files in sorted(os.walk(os.path.join(root, name))):
+            for file in sorted(files):
+                if file.lower().endswith(IMAGE_EXTENSIONS):
+                    paths.append(os.path.join(folder, file))
+                    labels.append(label)
+    if not paths:
+        raise ValueError(
+            f"No images found in {root!r}: expected one sub-folder per class holding "
+            f"{'/'.join(IMAGE_EXTENSIONS)} files, e.g. {root}/cat/1.jpg, {root}/dog/2.jpg."
+        )
+    path_table = tf.constant(paths)
+    label_table = tf.constant(labels, dtype=tf.int32)
+
+    def lookup(index):
+        return _decode_file(tf.gather(path_table, index)), tf.gather(label_table, index)
+
+    # The files are read by path inside a map, not by a file-reader dataset that FILE
+    # sharding could split: shard by DATA.
+    return Source(len(paths), len(class_names), tuple(class_names), ShardPolicy.DATA, lookup=lookup)
+
+
+def from_tfds(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Source:
+    """A source over a PREPARED tensorflow-datasets image classification split.
+
+    Never downloads: when the data is not prepared under `data_dir` (default: tfds's own,
+    `$TFDS_DATA_DIR` or `~/tensorflow_datasets`), it raises `DataNotPreparedError` at once
+    with how to prepare it, instead of letting tfds retry the network for minutes. The
+    dataset needs supervised keys `(image, label)` with a `ClassLabel` label. `split` takes
+    tfds's slicing syntax, e.g. `"train[:90%]"`.
+    """
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=None if data_dir is None else os.fspath(data_dir))
+    except tfds.core.registered.DatasetNotFoundError as error:
+        raise ValueError(
+            f"tensorflow-datasets has no dataset {name!r}: {str(error).splitlines()[0]}"
+        ) from None
+    if not builder.is_prepared():
+        where = f"data_dir={os.fspath(data_dir)!r}" if data_dir is not None else "tfds's default data_dir"
+        raise DataNotPreparedError(
+            f"tensorflow-datasets {name!r} is not prepared in {where} (looked for {builder.data_dir}) and "
+            f"keras_vit does not download it. On a machine with network run `tfds build {name} "
+            f"--data_dir=DIR` (or tfds.builder({name!r}, data_dir=DIR).download_and_prepare()), "
+            "copy DIR here if needed, and pass data_dir=DIR."
+        )
+    if builder.info.supervised_keys is None or len(builder.info.supervised_keys) != 2:
+        raise ValueError(
+            f"{name!r} has no (image, label) supervised keys: it is not an image classification set."
+        )
+    image_key, label_key = builder.info.supervised_keys
+    image_feature, label_feature = builder.info.features[image_key], builder.info.features[label_key]
+    if not isinstance(image_feature, tfds.features.Image) or not hasattr(label_feature, "num_classes"):
+        raise ValueError(
+            f"{name!r}: expected an Image feature and a ClassLabel, got {image_key}, {label_key}."
+        )
+
+    def records() -> tf.data.Dataset:
+        # Images stay encoded until `decode`, so skipping records (resume) costs only reading.
+        return builder.as_dataset(
+            split=split,
+            as_supervised=True,
+            shuffle_files=False,
+            decoders={image_key: tfds.decode.SkipDecoding()},
+        )
+
+    def decode(encoded, label):
+        return _as_rgb(image_feature.decode_example(encoded)), tf.cast(label, tf.int32)
+
+    num_examples = int(records().cardinality())
+    if num_examples < 1:
+        raise ValueError(f"{name!r} split {split!r} has no examples or an unknown count ({num_examples}).")
+    names = tuple(label_feature.names) if getattr(label_feature, "names", None) else None
+    return Source(
+        num_examples, label_feature.num_classes, names, ShardPolicy.FILE, records=records, decode=decode
+    )
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Source]:
+    """scikit-learn's handwritten digits as `(train, test)` sources: 1797 real 8x8 images, 10 classes.
+
+    Pixel values 0..16 are scaled to uint8 0..255 (`round(v * 255 / 16)`) and repeated to
+    RGB. The held-out split is fixed and stratified: within each class, the examples are
+    permuted with `numpy.random.default_rng(seed)` (one generator, classes in order) and the
+    first `round(test_fraction * class size)` go to test. Defaults give 1437 train / 360 test.
+    Needs scikit-learn (which ships the data, so no network is used).
+    """
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+    except ImportError:
+        raise ImportError("load_digits needs scikit-learn: pip install scikit-learn.") from None
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
+    digits = sklearn_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")
+    labels = digits.target.astype("int32")
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(labels), dtype=bool)
+    for label in range(10):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        test[members[: round(test_fraction * len(members))]] = True
+    names = tuple(str(label) for label in range(10))
+    return (
+        from_arrays(images[~test], labels[~test], class_names=names),
+        from_arrays(images[test], labels[test], class_names=names),
+    )
+
+
+def normalisation_for(model_or_tag=None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`(mean, std)` a checkpoint expects, from the pretrained catalog (`keras_vit.pretrained`).
+
+    Accepts a full catalog tag, a model built with `pretrained=...`, or `None`; anything not
+    in the catalog gets the Google normalisation (mean = std = 0.5, inputs in [-1, 1]).
+    """
+    entry = model_entry(model_or_tag)
+    if entry is None:
+        return GOOGLE_MEAN, GOOGLE_STD
+    return tuple(entry.mean), tuple(entry.std)
+
+
+def _size_pair(image_size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(image_size, (int, np.integer)):
+        return int(image_size), int(image_size)
+    height, width = (int(side) for side in image_size)
+    return height, width
+
+
+def _normaliser(mean: Sequence[float], std: Sequence[float]) -> Callable[[tf.Tensor], tf.Tensor]:
+    mean = np.resize(np.asarray(mean, "float32"), 3)
+    std = np.resize(np.asarray(std, "float32"), 3)
+    if np.any(std <= 0):
+        raise ValueError(f"std must be positive, got {tuple(std.tolist())}.")
+
+    def normalise(image: tf.Tensor) -> tf.Tensor:
+        return (tf.cast(image, tf.float32) / 255.0 - mean) / std
+
+    return normalise
+
+
+def _check_interpolation(interpolation: str) -> None:
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"Unknown interpolation {interpolation!r}: use one of {INTERPOLATIONS}.")
+
+
+def epoch_steps(source: Source, batch_size: int, steps_per_epoch: int | None = None) -> int:
+    """Batches per epoch of `train_pipeline`: `steps_per_epoch`, or one pass `num_examples // batch_size`."""
+    if steps_per_epoch is not None:
+        if int(steps_per_epoch) < 1:
+            raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}.")
+        return int(steps_per_epoch)
+    if source.num_examples < batch_size:
+        raise ValueError(
+            f"batch_size {batch_size} exceeds the {source.num_examples} examples of the source: "
+            "use a smaller batch or pass steps_per_epoch."
+        )
+    return source.num_examples // batch_size
+
+
+def _fold(key: tf.Tensor, *values) -> tf.Tensor:
+    for value in values:
+        key = tf.random.experimental.stateless_fold_in(key, tf.cast(value, tf.int64))
+    return key
+
+
+def _pass_records(source: Source, shuffle_key: tf.Tensor, shuffle_buffer: int) -> tf.data.Dataset:
+    """One pass over the source in the order drawn from `shuffle_key` (indices or raw records)."""
+    if source.lookup is not None:
+        noise = tf.random.stateless_uniform([source.num_examples], seed=shuffle_key)
+        return tf.data.Dataset.from_tensor_slices(tf.argsort(noise, stable=True))
+
+    def shuffle_window(window_index, window):
+        noise = tf.random.stateless_uniform([tf.shape(window[0])[0]], seed=_fold(shuffle_key, window_index))
+        order = tf.argsort(noise, stable=True)
+        return tf.nest.map_structure(lambda part: tf.gather(part, order), window)
+
+    windows = source.records().batch(shuffle_buffer).enumerate()
+    return windows.map(shuffle_window).unbatch()
+
+
+def train_pipeline(
+    source: Source,
+    *,
+    image_size: int | Sequence[int],
+    batch_size: int,
+    mean: Sequence[float] = GOOGLE_MEAN,
+    std: Sequence[float] = GOOGLE_STD,
+    seed: int,
+    start_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    shuffle_buffer: int = 10_000,
+    augment: bool = True,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+    interpolation: str = "bilinear",
+) -> tf.data.Dataset:
+    """Endless training batches `(float32 (B, H, W, 3), int32 (B,))`, resumable at any epoch.
+
+    Each example: inception crop (a random box covering `crop_scale` of the area with aspect
+    ratio in `crop_ratio`, the whole image if 10 draws fail; `crop_scale=(0.5, 1)` suits tiny
+    images like the digits), resize to `image_size`, random horizontal flip (`flip=False` for
+    digits or text), then `(x / 255 - mean) / std`. `augment=False`: resize only. Batches of
+    `batch_size` (every batch full); each epoch is `epoch_steps(source, batch_size,
+    steps_per_epoch)` batches, so pass that as `steps_per_epoch` to `model.fit`. The batches
+    of epoch `e` are a pure function of `(seed, e)` (see the module docstring); build the
+    pipeline with `start_epoch=k` to resume at epoch `k`. Random-access sources are shuffled
+    exactly each pass; tensorflow-datasets sources within windows of `shuffle_buffer` records
+    (tfds already stores examples in a shuffled order). No `cache()`: passes read the source
+    in a new order each time, and array sources are in memory already.
+    """
+    _check_interpolation(interpolation)
+    if int(start_epoch) < 0:
+        raise ValueError(f"start_epoch must be >= 0, got {start_epoch!r}.")
+    if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+        raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale!r}.")
+    height, width = _size_pair(image_size)
+    steps = epoch_steps(source, batch_size, steps_per_epoch)
+    normalise = _normaliser(mean, std)
+    base_key = tf.constant([int(seed), 0], dtype=tf.int64)
+    first_pass, offset = divmod(int(start_epoch) * steps * batch_size, source.num_examples)
+
+    def one_pass(pass_index):
+        records = _pass_records(source, _fold(base_key, _SHUFFLE_STREAM, pass_index), shuffle_buffer)
+        return records.enumerate().map(lambda position, record: (pass_index, position, record))
+
+    def example(pass_index, position, record):
+        image, label = source.lookup(record) if source.lookup is not None else source.decode(*record)
+        crop_key, flip_key = tf.unstack(
+            tf.random.experimental.stateless_split(_fold(base_key, _AUGMENT_STREAM, pass_index, position), 2)
+        )
+        if augment:
+            begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+                tf.shape(image),
+                bounding_boxes=tf.zeros([1, 0, 4]),
+                seed=crop_key,
+                min_object_covered=0.0,
+                aspect_ratio_range=crop_ratio,
+                area_range=crop_scale,
+                max_attempts=10,
+                use_image_if_no_bounding_boxes=True,
+            )
+            image = tf.slice(image, begin, size)
+        image = tf.image.resize(image, (height, width), method=interpolation, antialias=True)
+        if augment and flip:
+            image = tf.image.stateless_random_flip_left_right(image, flip_key)
+        return normalise(tf.clip_by_value(image, 0.0, 255.0)), label
+
+    stream = tf.data.Dataset.counter(first_pass).flat_map(one_pass).skip(offset)
+    stream = stream.map(example, num_parallel_calls=AUTOTUNE, deterministic=True)
+    stream = stream.batch(batch_size, drop_remainder=True).prefetch(AUTOTUNE)
+    # Every worker computes the same global stream and keeps its share: DATA sharding.
+    return _with_policy(stream, ShardPolicy.DATA)
+
+
+def _resize_and_crop(image, height: int, width: int, crop_pct: float | None, interpolation: str):
+    """As `keras_vit.load_image`: shorter side to size / crop_pct, centre crop (or a plain resize)."""
+    if not crop_pct or crop_pct >= 1.0:
+        return tf.image.resize(image, (height, width), method=interpolation, antialias=True)
+    shape = tf.cast(tf.shape(image)[:2], tf.float64)
+    scale = max(height, width) / crop_pct / tf.reduce_min(shape)
+    new_height = tf.maximum(height, tf.cast(tf.round(shape[0] * scale), tf.int32))
+    new_width = tf.maximum(width, tf.cast(tf.round(shape[1] * scale), tf.int32))
+    image = tf.image.resize(image, (new_height, new_width), method=interpolation, antialias=True)
+    top, left = (new_height - height) // 2, (new_width - width) // 2
+    return tf.ensure_shape(image[top : top + height, left : left + width], (height, width, 3))
+
+
+def eval_pipeline(
+    source: Source,
+    *,
+    image_size: int | Sequence[int],
+    batch_size: int,
+    mean: Sequence[float] = GOOGLE_MEAN,
+    std: Sequence[float] = GOOGLE_STD,
+    crop_pct: float | None = 0.875,
+    interpolation: str = "bilinear",
+    cache: bool = False,
+) -> tf.data.Dataset:
+    """Evaluation batches `(float32 (B, H, W, 3), int32 (B,))` in stored order, one pass.
+
+    Resize the shorter side to `image_size / crop_pct` and keep the centre crop, as timm's
+    eval transform and `keras_vit.load_image` (`crop_pct=None`: plain resize to
+    `image_size`); the checkpoint's values are in its catalog row (`crop_pct`,
+    `interpolation`). The last batch keeps the remainder. `cache=True` keeps the resized
+    uint8 images in memory after the first pass (cached after decode + resize, before
+    normalisation and batching: the costly steps run once, at a quarter of float32 memory).
+    """
+    _check_interpolation(interpolation)
+    height, width = _size_pair(image_size)
+    normalise = _normaliser(mean, std)
+
+    def resize(image, label):
+        image = _resize_and_crop(image, height, width, crop_pct, interpolation)
+        return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8), label
+
+    dataset = source.dataset.map(resize, num_parallel_calls=AUTOTUNE)
+    if cache:
+        dataset = dataset.cache()
+    dataset = dataset.map(lambda image, label: (normalise(image), label), num_parallel_calls=AUTOTUNE)
+    dataset = dataset.batch(batch_size).prefetch(AUTOTUNE)
+    return _with_policy(dataset, source.shard_policy)
+
+
+def _with_policy(dataset: tf.data.Dataset, policy: ShardPolicy) -> tf.data.Dataset:
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy
+    return dataset.with_options(options)
+
+
+def distribute(
+    dataset: tf.data.Dataset,
+    strategy: tf.distribute.Strategy | None = None,
+    *,
+    policy: ShardPolicy | None = None,
+) -> tf.data.Dataset | tf.distribute.DistributedDataset:
+    """Hand a batched pipeline to `strategy` (default: the current one) with its auto-shard policy.
+
+    The pipelines above already carry theirs: DATA for `train_pipeline` and for array and
+    folder sources (every worker reads everything and keeps its share), FILE for
+    tensorflow-datasets evaluation (each worker reads its own files; it needs at least as
+    many files as workers, else pass `policy=AutoShardPolicy.DATA`). `policy` overrides it.
+    Returns `strategy.experimental_distribute_dataset(...)` (the global batch is split across
+    replicas), which `model.fit` and custom loops take as is; under the default (no)
+    strategy, the dataset itself.
+    """
+    if policy is not None:
+        dataset = _with_policy(dataset, policy)
+    if strategy is None:
+        if not tf.distribute.has_strategy():
+            return dataset
+        strategy = tf.distribute.get_strategy()
+    return strategy.experimental_distribute_dataset(dataset)
