@@ -4,7 +4,15 @@ Importing the package registers its layers, so saved `.keras` models load withou
 `custom_objects`.
 """
 
+from keras_vit import data as data
+from keras_vit import evaluate as evaluate
+
+# `keras_vit.inspect` (attention maps, ...) is deliberately left out of __all__: a star import
+# must not hide the standard library's `inspect`.
+from keras_vit import inspect as inspect
+from keras_vit import recipes as recipes
 from keras_vit.converters import CheckpointError, inspect_checkpoint, load_checkpoint
+from keras_vit.export import export_serving
 from keras_vit.hybrid import BottleneckUnit, StdConv2D
 from keras_vit.layers import (
     ClassToken,
@@ -62,6 +70,7 @@ __all__ = [
     "build_vit",
     "create_model",
     "decode_predictions",
+    "export_serving",
     "inspect_checkpoint",
     "list_models",
     "list_pretrained",

@@ -1,10 +1,15 @@
-"""`keras-vit`: the command line for the common jobs (list models and checkpoints, predict, convert)."""
+"""`keras-vit`: the command line for the common jobs (models, weights, train, predict, inspect, export)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+
+if __name__ == "__main__" and not __package__:
+    # Run as `python keras_vit/cli.py`: sys.path[0] is the package folder, where
+    # keras_vit/inspect.py would hide the standard library's `inspect`; use the folder above.
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.path[0]))
 
 
 def _pretrained_arg(value: str):
@@ -53,6 +58,8 @@ def _cmd_checkpoint(args) -> int:
 
 
 def _cmd_predict(args) -> int:
+    if args.saved_model:
+        return _predict_saved_model(args)
     import keras_vit
     from keras_vit.pretrained import model_entry
 
@@ -83,6 +90,218 @@ def _cmd_convert(args) -> int:
     return 0
 
 
+def _cmd_inspect(args) -> int:
+    import keras_vit
+    from keras_vit.plots import write_inspection
+
+    model = keras_vit.create_model(args.model, args.weights)
+    label = model.name if args.weights is not False else f"{model.name}, random weights"
+    written = write_inspection(
+        model,
+        args.image,
+        args.out,
+        discard_ratio=args.discard_ratio,
+        head_fusion=args.head_fusion,
+        label=label,
+    )
+    for path in written.values():
+        print(f"wrote {path}")
+    return 0
+
+
+def _serving_error(message: str) -> str:
+    """The reason in a TF op error, without the graph-node lines around it."""
+    noise = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "\t [[")
+    return " ".join(
+        line.strip() for line in message.splitlines() if line.strip() and not line.startswith(noise)
+    )
+
+
+def _predict_saved_model(args) -> int:
+    """`predict --saved-model`: the files' bytes through the export's `serving_bytes` signature."""
+    import tensorflow as tf
+
+    from keras_vit.export import BYTES_SIGNATURE, latest_version
+
+    serve = tf.saved_model.load(latest_version(args.saved_model)).signatures[BYTES_SIGNATURE]
+    for path in args.images:
+        with open(path, "rb") as file:
+            data = file.read()
+        try:
+            outputs = serve(image_bytes=tf.constant([data]))
+        except tf.errors.InvalidArgumentError as error:
+            raise ValueError(f"{path}: {_serving_error(error.message)}") from None
+        exported_k = outputs["top_k_indices"].shape[-1]
+        if args.top > exported_k:
+            raise ValueError(
+                f"--top {args.top} is more than the {exported_k} classes the SavedModel returns: "
+                f"export it again with --top-k {args.top}."
+            )
+        indices, scores = outputs["top_k_indices"][0].numpy(), outputs["top_k_scores"][0].numpy()
+        names = outputs["top_k_classes"][0].numpy() if "top_k_classes" in outputs else [None] * exported_k
+        print(path)
+        for index, name, score in list(zip(indices, names, scores, strict=True))[: args.top]:
+            print(f"  {score:7.2%}  {index:>5}  {name.decode() if name is not None else None}")
+    return 0
+
+
+def _cmd_export(args) -> int:
+    import keras
+
+    import keras_vit
+
+    if args.model.endswith(".keras"):
+        if args.weights is not None:
+            raise ValueError("--weights applies to a variant; a .keras file already holds its weights.")
+        model = keras.models.load_model(args.model)
+    else:
+        model = keras_vit.create_model(args.model, True if args.weights is None else args.weights)
+    labels = None
+    if args.labels:
+        with open(args.labels, encoding="utf-8") as file:
+            labels = file.read().splitlines()
+    path = keras_vit.export_serving(
+        model,
+        args.export_dir,
+        args.version,
+        top_k=args.top_k,
+        labels=labels,
+        warmup=not args.no_warmup,
+        overwrite=args.overwrite,
+    )
+    print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {args.top_k})")
+    return 0
+
+
+def _cmd_train(args) -> int:
+    from keras_vit import training
+
+    config = training.model_config(
+        args.model,
+        patch_size=args.patch_size,
+        hidden_size=args.hidden_size,
+        depth=args.depth,
+        num_heads=args.heads,
+        mlp_dim=args.mlp_dim,
+    )
+    result = training.train(
+        config,
+        args.dataset,
+        output_dir=args.output_dir,
+        recipe="finetune" if args.command == "finetune" else "pretrain",
+        pretrained=args.pretrained,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        label_smoothing=args.label_smoothing,
+        ema_momentum=args.ema,
+        dropout=args.dropout,
+        drop_path_rate=args.drop_path,
+        flip=args.flip,
+        strategy=args.strategy,
+        precision=args.precision,
+        jit_compile=args.jit_compile,
+        seed=args.seed,
+        train_split=args.train_split,
+        test_split=args.test_split,
+        data_dir=args.data_dir,
+        verbose="auto" if args.verbose is None else args.verbose,
+    )
+    report = result.report
+    print(
+        f"held-out accuracy: {report['accuracy']:.2%} on {report['test_examples']} images "
+        f"(loss {report['loss']:.4f}; {report['steps']} steps, {report['seconds']:.0f} s)"
+    )
+    print(f"wrote {os.path.join(args.output_dir, 'model.keras')} and report.json")
+    return 0
+
+
+def _add_training_parser(commands, name: str) -> None:
+    """`train` (from scratch, AdamW recipe) or `finetune` (from a checkpoint, SGD recipe)."""
+    finetune = name == "finetune"
+    parser = commands.add_parser(
+        name,
+        help="fine-tune a pretrained ViT (SGD momentum recipe)"
+        if finetune
+        else "train a ViT from scratch (AdamW recipe); no arguments: the digits main job",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        default="vit_b16" if finetune else "vit_digits",
+        help="a variant from `keras-vit models`, or vit_digits (the small main-job model)",
+    )
+    for flag, text in (
+        ("--patch-size", "patch size"),
+        ("--hidden-size", "width D"),
+        ("--depth", "number of blocks"),
+        ("--heads", "attention heads"),
+        ("--mlp-dim", "MLP width"),
+    ):
+        model.add_argument(flag, type=int, default=None, help=f"custom size: {text}")
+    model.add_argument(
+        "--pretrained",
+        type=_pretrained_arg,
+        default=finetune,
+        help="checkpoint to start from: true (the variant's default), a catalog tag, a file or a hub repo id",
+    )
+    model.add_argument("--dropout", type=float, default=0.0)
+    model.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate")
+    dataset = parser.add_argument_group("data")
+    dataset.add_argument(
+        "--dataset",
+        default="digits",
+        help="digits (scikit-learn, offline), an image folder with train/ and test/, or a prepared tfds name",
+    )
+    dataset.add_argument("--data-dir", default=None, help="tensorflow-datasets data_dir")
+    dataset.add_argument("--train-split", default="train")
+    dataset.add_argument("--test-split", default="test", help="the held-out split evaluated at the end")
+    dataset.add_argument("--image-size", type=int, default=None, help="default: the model's or checkpoint's")
+    dataset.add_argument(
+        "--flip",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random horizontal flips (default: on, off for digits)",
+    )
+    schedule = parser.add_argument_group("optimisation")
+    schedule.add_argument("--batch-size", type=int, default=64, help="global batch")
+    length = schedule.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None)
+    length.add_argument(
+        "--epochs", type=float, default=None, help="passes over the training data (default 50)"
+    )
+    schedule.add_argument(
+        "--steps-per-epoch", type=int, default=None, help="steps between backups (default: one pass, <= 1000)"
+    )
+    schedule.add_argument(
+        "--learning-rate", "--lr", type=float, default=None, help="peak LR (default 3e-3, 0.01 to fine-tune)"
+    )
+    schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
+    schedule.add_argument("--weight-decay", type=float, default=0.05, help="AdamW decoupled weight decay")
+    schedule.add_argument("--label-smoothing", type=float, default=0.1)
+    schedule.add_argument("--ema", type=float, default=None, help="Polyak averaging momentum, e.g. 0.9999")
+    run = parser.add_argument_group("run")
+    run.add_argument("--output-dir", default="vit_run", help="model.keras, report.json, logs/, backup/")
+    run.add_argument(
+        "--strategy",
+        choices=("auto", "default", "one_device", "mirrored", "multi_worker", "tpu"),
+        default="auto",
+        help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
+    )
+    run.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32")
+    run.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
+    )
+    parser.set_defaults(run=_cmd_train)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-vit", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
     predict.add_argument("--weights", type=_pretrained_arg, default=True, help=weights_help)
     predict.add_argument("--top", type=int, default=5)
+    predict.add_argument(
+        "--saved-model",
+        metavar="DIR",
+        help="predict through a `keras-vit export` SavedModel (its directory or a version); "
+        "--model and --weights are then not used",
+    )
     predict.set_defaults(run=_cmd_predict)
 
     convert = commands.add_parser("convert", help="write a published checkpoint as a .keras model")
@@ -113,6 +338,41 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--image-size", type=int, default=None, help="resize the position embedding")
     convert.add_argument("--num-classes", type=int, default=None, help="a new zero-initialised head")
     convert.set_defaults(run=_cmd_convert)
+
+    inspection = commands.add_parser(
+        "inspect", help="attention rollout, attention distance, position embeddings, filters as PNGs"
+    )
+    inspection.add_argument("image", help="an image file (JPEG, PNG, ...)")
+    inspection.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
+    inspection.add_argument(
+        "--weights", type=_pretrained_arg, default=True, help=weights_help + ", or random"
+    )
+    inspection.add_argument("--out", default="inspection", help="folder for the PNGs (default: ./inspection)")
+    inspection.add_argument(
+        "--discard-ratio", type=float, default=0.0, help="rollout: drop the weakest weights"
+    )
+    inspection.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
+    inspection.set_defaults(run=_cmd_inspect)
+
+    export = commands.add_parser(
+        "export", help="write a TF Serving SavedModel that takes raw images (preprocessing in the graph)"
+    )
+    export.add_argument("export_dir", help="TF Serving's model base path: writes EXPORT_DIR/VERSION")
+    export.add_argument(
+        "--model", default="vit_b16", help="a variant from `keras-vit models`, or a .keras file"
+    )
+    export.add_argument(
+        "--weights", type=_pretrained_arg, default=None, help=weights_help + " (default: true)"
+    )
+    export.add_argument("--version", type=int, default=1, help="the version directory (default: 1)")
+    export.add_argument("--top-k", type=int, default=5, help="classes in the top_k_* outputs (default: 5)")
+    export.add_argument("--labels", help="a text file of class names, one per line in head order")
+    export.add_argument("--no-warmup", action="store_true", help="no TF Serving warm-up requests")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    export.set_defaults(run=_cmd_export)
+
+    _add_training_parser(commands, "train")
+    _add_training_parser(commands, "finetune")
     return parser
 
 

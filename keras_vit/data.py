@@ -256,13 +256,15 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Sour
     Pixel values 0..16 are scaled to uint8 0..255 (`round(v * 255 / 16)`) and repeated to
     RGB. The held-out split is fixed and stratified: within each class, the examples are
     permuted with `numpy.random.default_rng(seed)` (one generator, classes in order) and the
-    first `round(test_fraction * class size)` go to test. Defaults give 1437 train / 360 test.
+    first `round(test_fraction * class size)` go to test. Defaults give 1438 train / 359 test.
     Needs scikit-learn (which ships the data, so no network is used).
     """
     try:
         from sklearn.datasets import load_digits as sklearn_digits
     except ImportError:
-        raise ImportError("load_digits needs scikit-learn: pip install scikit-learn.") from None
+        raise ImportError(
+            'load_digits needs scikit-learn: pip install "keras-vit-zoo[digits]" (or scikit-learn).'
+        ) from None
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
     digits = sklearn_digits()
