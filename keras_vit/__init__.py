@@ -17,6 +17,7 @@ from keras_vit.hybrid import BottleneckUnit, StdConv2D
 from keras_vit.layers import (
     ClassToken,
     DropPath,
+    MultiHeadSelfAttention,
     PatchEncoder,
     PositionEmbedding,
     TokenPooling,
@@ -58,6 +59,7 @@ __all__ = [
     "CheckpointError",
     "ClassToken",
     "DropPath",
+    "MultiHeadSelfAttention",
     "PatchEncoder",
     "PositionEmbedding",
     "StdConv2D",

@@ -5,9 +5,8 @@ embedding filters.
 Everything works on any keras_vit model, plain or hybrid, at the resolution it was built for,
 without rebuilding it: `attention_weights` runs the model's own layers in order (the ResNet stem
 of a hybrid as a sub-model up to `patch_embed`, then `patch_embed`, `class_token`, `pos_embed`
-and every `TransformerBlock` with `return_attention_scores=True`). The blocks' fused attention
-kernel cannot return its weights; the scores path computes the same outputs with an explicit
-softmax, so the weights are exactly those the model uses. Inference mode throughout: dropout off.
+and every `TransformerBlock` with `return_attention_scores=True`, which returns the softmax
+weights the block multiplies the values by). Inference mode throughout: dropout off.
 
 Reach it as `keras_vit.inspect` or `from keras_vit import inspect as vit_inspect`; it is left out
 of `keras_vit.__all__`, so `from keras_vit import *` never hides the standard library's `inspect`.

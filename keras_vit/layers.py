@@ -17,6 +17,7 @@ __all__ = [
     "ClassToken",
     "PositionEmbedding",
     "DropPath",
+    "MultiHeadSelfAttention",
     "TransformerBlock",
     "TokenPooling",
 ]
@@ -243,14 +244,102 @@ class DropPath(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Multi-head self-attention with the original checkpoints' kernel layout, computed as plain GEMMs.
+
+    The weights are those of the original Flax code and of `keras.layers.MultiHeadAttention`
+    (same sublayers and variable paths): `query`, `key`, `value` kernels `(D, heads, D/heads)`
+    with biases `(heads, D/heads)`, and `attention_output` `(heads, D/heads, D)` with bias
+    `(D,)`. The call does not run those sublayers: it views the kernels as matrices (free
+    reshapes), projects all tokens `(batch * tokens, D)` to query|key|value with one
+    `(D, 3D)` matrix product (the 1/sqrt(D/heads) scale folded into the query columns), and
+    takes softmax(q k^T) v per head with batched products, the logits in at least float32.
+    That is what `keras.ops.dot_product_attention` computes on TensorFlow (which has no fused
+    kernel), minus a scaling pass over the logits and the broadcast batched products of
+    `EinsumDense` on 3-D inputs. `dropout` is attention dropout (on the probabilities).
+    """
+
+    def __init__(self, num_heads: int, dropout: float = 0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.dropout = float(dropout)
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        if hidden_size % self.num_heads:
+            raise ValueError(
+                f"{self.name}: hidden size {hidden_size} is not divisible by {self.num_heads} heads."
+            )
+        self.hidden_size = hidden_size
+        self.head_dim = hidden_size // self.num_heads
+        heads = (None, self.num_heads, self.head_dim)
+        self.query_dense, self.key_dense, self.value_dense = (
+            keras.layers.EinsumDense(
+                "abc,cde->abde",
+                output_shape=heads,
+                bias_axes="de",
+                kernel_initializer="glorot_uniform",
+                dtype=self.dtype_policy,
+                name=name,
+            )
+            for name in ("query", "key", "value")
+        )
+        self.output_dense = keras.layers.EinsumDense(
+            "abcd,cde->abe",
+            output_shape=(None, hidden_size),
+            bias_axes="e",
+            kernel_initializer="glorot_uniform",
+            dtype=self.dtype_policy,
+            name="attention_output",
+        )
+        self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name="dropout")
+        for projection in (self.query_dense, self.key_dense, self.value_dense):
+            projection.build(input_shape)
+        self.output_dense.build((None, None, self.num_heads, self.head_dim))
+
+    def call(self, tokens, training=None, return_attention_scores: bool = False):
+        batch, length = ops.shape(tokens)[0], ops.shape(tokens)[1]
+        width, heads = self.hidden_size, self.num_heads
+        scale = ops.cast(1.0 / np.sqrt(self.head_dim), self.compute_dtype)
+        pairs = ((self.query_dense, scale), (self.key_dense, 1), (self.value_dense, 1))
+        kernel = ops.concatenate([ops.reshape(d.kernel, (width, width)) * s for d, s in pairs], axis=1)
+        bias = ops.concatenate([ops.reshape(d.bias, (width,)) * s for d, s in pairs], axis=0)
+        qkv = ops.matmul(ops.reshape(tokens, (-1, width)), kernel) + bias
+        qkv = ops.transpose(ops.reshape(qkv, (batch, length, 3, heads, self.head_dim)), (2, 0, 3, 1, 4))
+        query, key, value = qkv[0], qkv[1], qkv[2]  # (batch, heads, tokens, head_dim)
+        logits = ops.einsum("bhqd,bhkd->bhqk", query, key)
+        scores = ops.softmax(ops.cast(logits, _statistics_dtype(logits.dtype)), axis=-1)
+        scores = ops.cast(scores, self.compute_dtype)
+        context = ops.matmul(self.dropout_layer(scores, training=training), value)
+        context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
+        output = ops.matmul(context, ops.reshape(self.output_dense.kernel, (width, width)))
+        output = ops.reshape(output + self.output_dense.bias, (batch, length, width))
+        return (output, scores) if return_attention_scores else output
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, dropout=self.dropout)
+        return config
+
+
+def _statistics_dtype(dtype) -> str:
+    """float32 for half-precision tensors (softmax statistics), else the dtype itself."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
 class TransformerBlock(keras.layers.Layer):
     """Pre-LayerNorm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper eq. 2-3).
 
-    Attention is `keras.layers.MultiHeadAttention` (fused `dot_product_attention` when no
-    attention dropout is used), whose kernels have the original checkpoints' layout: query,
-    key and value `(D, heads, D/heads)`, output `(heads, D/heads, D)`. The MLP is
-    D -> `mlp_dim` -> D with exact (erf) GELU. `dropout` follows every dense layer but the
-    query/key/value projections, as in the paper; `drop_path` is stochastic depth.
+    Attention is `MultiHeadSelfAttention`, whose kernels have the original checkpoints'
+    layout. The MLP is D -> `mlp_dim` -> D with exact (erf) GELU, applied to the tokens as
+    one `(batch * tokens, D)` matrix (one GEMM per layer). `dropout` follows every dense
+    layer but the query/key/value projections, as in the paper; `drop_path` is stochastic
+    depth.
     """
 
     def __init__(
@@ -273,10 +362,6 @@ class TransformerBlock(keras.layers.Layer):
 
     def build(self, input_shape):
         hidden_size = input_shape[-1]
-        if hidden_size % self.num_heads:
-            raise ValueError(
-                f"{self.name}: hidden size {hidden_size} is not divisible by {self.num_heads} heads."
-            )
         policy = self.dtype_policy
         dense_init = dict(
             kernel_initializer="glorot_uniform",
@@ -286,13 +371,8 @@ class TransformerBlock(keras.layers.Layer):
         self.norm1 = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="norm1"
         )
-        self.attention = keras.layers.MultiHeadAttention(
-            num_heads=self.num_heads,
-            key_dim=hidden_size // self.num_heads,
-            dropout=self.attention_dropout,
-            kernel_initializer="glorot_uniform",
-            dtype=policy,
-            name="attention",
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads, dropout=self.attention_dropout, dtype=policy, name="attention"
         )
         self.norm2 = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="norm2"
@@ -303,27 +383,24 @@ class TransformerBlock(keras.layers.Layer):
         self.drop_path_layer = DropPath(self.drop_path, dtype=policy, name="drop_path")
 
         self.norm1.build(input_shape)
-        self.attention.build(input_shape, input_shape)
+        self.attention.build(input_shape)
         self.norm2.build(input_shape)
-        self.fc1.build(input_shape)
-        self.fc2.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        self.fc1.build((None, hidden_size))
+        self.fc2.build((None, self.mlp_dim))
 
     def call(self, tokens, training=None, return_attention_scores: bool = False):
-        normed = self.norm1(tokens)
         attended = self.attention(
-            normed,
-            normed,
-            training=training,
-            return_attention_scores=return_attention_scores,
+            self.norm1(tokens), training=training, return_attention_scores=return_attention_scores
         )
         if return_attention_scores:
             attended, scores = attended
         attended = self.dropout_layer(attended, training=training)
         tokens = tokens + self.drop_path_layer(attended, training=training)
 
-        hidden = self.dropout_layer(self.fc1(self.norm2(tokens)), training=training)
+        hidden = ops.reshape(self.norm2(tokens), (-1, tokens.shape[-1]))
+        hidden = self.dropout_layer(self.fc1(hidden), training=training)
         hidden = self.dropout_layer(self.fc2(hidden), training=training)
-        tokens = tokens + self.drop_path_layer(hidden, training=training)
+        tokens = tokens + self.drop_path_layer(ops.reshape(hidden, ops.shape(tokens)), training=training)
         return (tokens, scores) if return_attention_scores else tokens
 
     def compute_output_shape(self, input_shape):

@@ -15,6 +15,7 @@ import pytest
 from keras_vit import (
     ClassToken,
     DropPath,
+    MultiHeadSelfAttention,
     PatchEncoder,
     PositionEmbedding,
     TokenPooling,
@@ -227,11 +228,11 @@ def _copy_timm_block(reference: Block, block: TransformerBlock, num_heads: int) 
     qkv_w = state["attn.qkv.weight"].reshape(3, dim, dim)  # (q|k|v, out, in)
     qkv_b = state["attn.qkv.bias"].reshape(3, num_heads, head_dim)
     attention = block.attention
-    for index, dense in enumerate((attention._query_dense, attention._key_dense, attention._value_dense)):
+    for index, dense in enumerate((attention.query_dense, attention.key_dense, attention.value_dense)):
         dense.kernel.assign(qkv_w[index].T.reshape(dim, num_heads, head_dim))
         dense.bias.assign(qkv_b[index])
-    attention._output_dense.kernel.assign(state["attn.proj.weight"].T.reshape(num_heads, head_dim, dim))
-    attention._output_dense.bias.assign(state["attn.proj.bias"])
+    attention.output_dense.kernel.assign(state["attn.proj.weight"].T.reshape(num_heads, head_dim, dim))
+    attention.output_dense.bias.assign(state["attn.proj.bias"])
     for norm in ("norm1", "norm2"):
         getattr(block, norm).gamma.assign(state[f"{norm}.weight"])
         getattr(block, norm).beta.assign(state[f"{norm}.bias"])
@@ -282,14 +283,14 @@ def test_transformer_block_attention_scores_are_softmax_qk(rng):
     scores = keras.ops.convert_to_numpy(scores)
     assert scores.shape == (2, num_heads, length, length)
     np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-6)
-    plain_output = keras.ops.convert_to_numpy(block(tokens))  # the fused attention path: last-bit changes
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), plain_output, atol=TOLERANCE, rtol=0)
+    plain_output = keras.ops.convert_to_numpy(block(tokens))  # the same computation without the scores
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(output), plain_output)
 
     normed = _layer_norm(tokens, block.norm1.gamma.numpy(), block.norm1.beta.numpy())
-    query = np.einsum("bnd,dhk->bhnk", normed, block.attention._query_dense.kernel.numpy())
-    query += block.attention._query_dense.bias.numpy()[None, :, None]
-    key = np.einsum("bnd,dhk->bhnk", normed, block.attention._key_dense.kernel.numpy())
-    key += block.attention._key_dense.bias.numpy()[None, :, None]
+    query = np.einsum("bnd,dhk->bhnk", normed, block.attention.query_dense.kernel.numpy())
+    query += block.attention.query_dense.bias.numpy()[None, :, None]
+    key = np.einsum("bnd,dhk->bhnk", normed, block.attention.key_dense.kernel.numpy())
+    key += block.attention.key_dense.bias.numpy()[None, :, None]
     logits = query @ key.transpose(0, 1, 3, 2) / np.sqrt(head_dim)
     expected = np.exp(logits - logits.max(-1, keepdims=True))
     expected /= expected.sum(-1, keepdims=True)
@@ -315,6 +316,33 @@ def test_transformer_block_regularisation_only_in_training(option, rng):
     if option == "drop_path":  # samples whose two residual branches were both dropped pass through
         unchanged = np.all(trained == tokens, axis=(1, 2))
         assert unchanged.any() and not unchanged.all()
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_self_attention_equals_keras_multi_head_attention(policy, rng):
+    """Same variables (paths, shapes) and outputs as keras.layers.MultiHeadAttention(x, x)."""
+    dim, num_heads = 24, 3
+    tokens = rng.normal(size=(2, 7, dim)).astype("float32")
+    attention = MultiHeadSelfAttention(num_heads, dtype=policy, name="attention")
+    reference = keras.layers.MultiHeadAttention(num_heads, dim // num_heads, dtype=policy, name="attention")
+    attention.build(tokens.shape)
+    reference.build(tokens.shape, tokens.shape)
+    _randomize(attention, rng, scale=0.3)
+    assert [(v.path, v.shape) for v in attention.weights] == [(v.path, v.shape) for v in reference.weights]
+    reference.set_weights(attention.get_weights())
+    output, scores = attention(tokens, return_attention_scores=True)
+    expected, expected_scores = reference(tokens, tokens, return_attention_scores=True)
+    tolerance = TOLERANCE if policy == "float32" else 0.05
+    for ours, theirs in ((output, expected), (scores, expected_scores)):
+        assert ours.dtype == theirs.dtype
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(ours).astype("float32"),
+            keras.ops.convert_to_numpy(theirs).astype("float32"),
+            atol=tolerance,
+            rtol=0,
+        )
+    restored = MultiHeadSelfAttention.from_config(attention.get_config())
+    assert (restored.num_heads, restored.dropout, restored.dtype_policy.name) == (num_heads, 0.0, policy)
 
 
 def test_transformer_block_rejects_indivisible_heads():

@@ -135,7 +135,7 @@ def test_mixed_precision_gives_float32_logits(policy):
     _randomise_head(model)
     block = model.get_layer("block_0")
     assert block.compute_dtype == policy.split("_")[1]
-    assert block.attention._query_dense.kernel.dtype == "float32"
+    assert block.attention.query_dense.kernel.dtype == "float32"
     logits = model(_images())
     assert keras.backend.standardize_dtype(logits.dtype) == "float32"
     assert np.isfinite(keras.ops.convert_to_numpy(logits)).all()
