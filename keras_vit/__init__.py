@@ -10,6 +10,7 @@ from keras_vit import evaluate as evaluate
 # `keras_vit.inspect` (attention maps, ...) is deliberately left out of __all__: a star import
 # must not hide the standard library's `inspect`.
 from keras_vit import inspect as inspect
+from keras_vit import pretrain as pretrain
 from keras_vit import recipes as recipes
 from keras_vit.converters import CheckpointError, inspect_checkpoint, load_checkpoint
 from keras_vit.export import export_serving

@@ -302,6 +302,125 @@ def _add_training_parser(commands, name: str) -> None:
     parser.set_defaults(run=_cmd_train)
 
 
+def _cmd_pretrain(args) -> int:
+    from keras_vit import pretrain, training
+
+    config = training.model_config(
+        args.model,
+        patch_size=args.patch_size,
+        hidden_size=args.hidden_size,
+        depth=args.depth,
+        num_heads=args.heads,
+        mlp_dim=args.mlp_dim,
+    )
+    result = pretrain.pretrain(
+        config,
+        args.dataset,
+        output_dir=args.output_dir,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        target=args.target,
+        bits=args.bits,
+        corrupt_rate=args.corrupt_rate,
+        mask_rate=args.mask_rate,
+        random_rate=args.random_rate,
+        flip=args.flip,
+        strategy=args.strategy,
+        precision=args.precision,
+        seed=args.seed,
+        train_split=args.train_split,
+        data_dir=args.data_dir,
+        verbose="auto" if args.verbose is None else args.verbose,
+    )
+    report = result.report
+    accuracy = "" if report["patch_accuracy"] is None else f", patch accuracy {report['patch_accuracy']:.2%}"
+    print(
+        f"masked patch prediction: loss {report['loss']:.4f}{accuracy} after {report['steps']} steps "
+        f"({report['seconds']:.0f} s)"
+    )
+    print(f"wrote {os.path.join(args.output_dir, 'backbone.keras')} and report.json")
+    return 0
+
+
+def _add_pretraining_parser(commands) -> None:
+    """`pretrain`: self-supervised masked patch prediction on unlabeled images (paper §4.6)."""
+    parser = commands.add_parser(
+        "pretrain",
+        help="self-supervised pre-training by masked patch prediction (labels unused); writes backbone.keras",
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--model", default="vit_digits", help="a variant from `keras-vit models`, or vit_digits"
+    )
+    for flag, text in (
+        ("--patch-size", "patch size"),
+        ("--hidden-size", "width D"),
+        ("--depth", "number of blocks"),
+        ("--heads", "attention heads"),
+        ("--mlp-dim", "MLP width"),
+    ):
+        model.add_argument(flag, type=int, default=None, help=f"custom size: {text}")
+    task = parser.add_argument_group("task")
+    task.add_argument(
+        "--target",
+        choices=("mean_color", "grid_4x4", "regression"),
+        default="mean_color",
+        help="3-bit mean colour (paper), 4x4 grid of 3-bit colours, or L2 on the patch pixels",
+    )
+    task.add_argument("--bits", type=int, default=3, help="bits per channel of the colour targets")
+    task.add_argument("--corrupt-rate", type=float, default=0.5, help="share of patches corrupted per image")
+    task.add_argument("--mask-rate", type=float, default=0.8, help="of those, share set to [mask]")
+    task.add_argument("--random-rate", type=float, default=0.1, help="of those, share set to another patch")
+    dataset = parser.add_argument_group("data")
+    dataset.add_argument(
+        "--dataset",
+        default="digits",
+        help="digits (train split), an image folder (train/ if present) or a prepared tfds name",
+    )
+    dataset.add_argument("--data-dir", default=None, help="tensorflow-datasets data_dir")
+    dataset.add_argument("--train-split", default="train")
+    dataset.add_argument("--image-size", type=int, default=None, help="default: the model's")
+    dataset.add_argument(
+        "--flip",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random horizontal flips (default: on, off for digits)",
+    )
+    schedule = parser.add_argument_group("optimisation")
+    schedule.add_argument("--batch-size", type=int, default=64, help="global batch")
+    length = schedule.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None)
+    length.add_argument(
+        "--epochs", type=float, default=None, help="passes over the training data (default 50)"
+    )
+    schedule.add_argument(
+        "--steps-per-epoch", type=int, default=None, help="steps between backups (default: one pass, <= 1000)"
+    )
+    schedule.add_argument("--learning-rate", "--lr", type=float, default=2e-4, help="peak LR (paper: 2e-4)")
+    schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
+    schedule.add_argument("--weight-decay", type=float, default=0.0, help="> 0: AdamW on kernels")
+    run = parser.add_argument_group("run")
+    run.add_argument("--output-dir", default="vit_mpp", help="backbone.keras, report.json, logs/, backup/")
+    run.add_argument(
+        "--strategy",
+        choices=("auto", "default", "one_device", "mirrored", "multi_worker", "tpu"),
+        default="auto",
+        help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
+    )
+    run.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
+    )
+    parser.set_defaults(run=_cmd_pretrain)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-vit", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -373,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_training_parser(commands, "train")
     _add_training_parser(commands, "finetune")
+    _add_pretraining_parser(commands)
     return parser
 
 

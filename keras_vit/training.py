@@ -24,6 +24,7 @@ the held-out accuracy.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -272,6 +273,22 @@ def _write_json(path: str, content: dict) -> None:
     os.replace(temporary, path)
 
 
+def _describe(value):
+    """A JSON-able value naming an argument the same way in every process (backups compare them)."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_describe(item) for item in value]
+    if isinstance(value, np.ndarray):
+        digest = hashlib.sha1(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]
+        return f"array{value.shape} {value.dtype} sha1 {digest}"
+    if isinstance(value, data.Source):  # its repr names functions by their (per-process) address
+        return f"Source({value.num_examples} examples, {value.num_classes} classes)"
+    if isinstance(value, keras.Model):
+        return f"Model({value.name}, {value.count_params()} parameters)"
+    return repr(value)
+
+
 def _worker_dir(root: str, strategy: tf.distribute.Strategy) -> str:
     """`root` for the chief; a per-worker sub-folder for the other workers of a cluster."""
     if is_chief(strategy):
@@ -281,13 +298,25 @@ def _worker_dir(root: str, strategy: tf.distribute.Strategy) -> str:
 
 def _build_model(
     config: ViTConfig,
-    pretrained: bool | str | os.PathLike,
+    pretrained: bool | str | os.PathLike | keras.Model,
     image_size: int,
     num_classes: int,
     dropout: float,
     drop_path_rate: float,
 ) -> keras.Model:
     regularisation = dict(dropout=dropout, drop_path_rate=drop_path_rate)
+    if isinstance(pretrained, keras.Model) or (
+        isinstance(pretrained, (str, os.PathLike)) and os.fspath(pretrained).endswith(".keras")
+    ):  # a keras_vit model, e.g. the backbone `keras-vit pretrain` writes
+        from keras_vit.pretrain import to_classifier
+
+        classifier = to_classifier(pretrained, num_classes, **regularisation)
+        if image_size is not None and tuple(classifier.input_shape[1:3]) != data._size_pair(image_size):
+            raise ValueError(
+                f"The pre-trained model takes {tuple(classifier.input_shape[1:3])} images, not {image_size}: "
+                "leave image_size unset, or pre-train at the size you fine-tune at."
+            )
+        return classifier
     if config.name in VARIANTS and VARIANTS[config.name] == config:
         return create_model(
             config.name, pretrained, image_size=image_size, num_classes=num_classes, **regularisation
@@ -326,7 +355,7 @@ def train(
     *,
     output_dir: str | os.PathLike = "vit_run",
     recipe: str = "pretrain",
-    pretrained: bool | str | os.PathLike = False,
+    pretrained: bool | str | os.PathLike | keras.Model = False,
     image_size: int | None = None,
     batch_size: int = 64,
     steps: int | None = None,
@@ -363,7 +392,10 @@ def train(
             the paper's ImageNet-1k value)
             or `"finetune"` (SGD momentum 0.9, warm-up + cosine; default LR 0.01).
         pretrained: checkpoint to start from (tag, file or hub id, as `create_model`): its
-            position embeddings are resized to `image_size` and a new zero head is made.
+            position embeddings are resized to `image_size` and a new zero head is made. Or a
+            keras_vit model or `.keras` file, e.g. the backbone `keras-vit pretrain` writes
+            (`keras_vit.pretrain.to_classifier`; `model` is then ignored, and `image_size`
+            must be the model's).
         image_size: training and evaluation resolution; default the model's (32 for
             `vit_digits`, 224 for variants) or the checkpoint's.
         batch_size: global batch, split across replicas.
@@ -391,11 +423,7 @@ def train(
         `TrainingResult(model, report)`; the report (also `report.json`) has the held-out
         accuracy and loss, steps, seconds, images/s, per-epoch history and the arguments.
     """
-    arguments = {
-        key: value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
-        for key, value in dict(locals()).items()
-        if key != "callbacks"
-    }
+    arguments = {key: _describe(value) for key, value in dict(locals()).items() if key != "callbacks"}
     if recipe not in RECIPES:
         raise ValueError(f"Unknown recipe {recipe!r}: use one of {RECIPES}.")
     if precision not in PRECISIONS:
@@ -562,7 +590,7 @@ def finetune(
     model: str | ViTConfig = "vit_b16",
     dataset: str | os.PathLike | tuple[data.Source, data.Source] = "digits",
     *,
-    pretrained: bool | str | os.PathLike = True,
+    pretrained: bool | str | os.PathLike | keras.Model = True,
     **kwargs,
 ) -> TrainingResult:
     """`train` with the paper's fine-tuning recipe (SGD momentum, no weight decay) from `pretrained`."""

@@ -107,10 +107,9 @@ def _drop_references():
 
 PARITY_CASES = [
     ("vit_r26_s32", 224),  # native
-    ("vit_r26_s32", 288),  # 224 checkpoint, position embedding resampled to 9x9
-    ("vit_r26_s32", (225, 289)),  # odd, non-square: TF-SAME padding differs per side
-    ("vit_r50_b16", 224),
-    ("vit_r50_b16", (289, 225)),  # resized and odd/non-square at once
+    # 224 checkpoint, position embedding resampled; odd, non-square: TF-SAME padding differs per side
+    ("vit_r26_s32", (225, 289)),
+    ("vit_r50_b16", 224),  # the paper's R50+ViT-B/16 (resized like the R26: same code, 70 s more)
     ("vit_r_ti16", 224),  # stem only: timm keys `patch_embed.backbone.conv/norm`
 ]
 

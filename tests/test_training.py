@@ -74,6 +74,21 @@ def test_load_dataset_errors(tmp_path):
         training.finetune("vit_ti16", pretrained=False)
 
 
+def test_run_description_is_the_same_in_every_process():
+    """Backups compare run arguments: sources and arrays are described without object addresses."""
+    first, second = keras_vit.data.load_digits(), keras_vit.data.load_digits()
+    assert (
+        training._describe(first)
+        == training._describe(second)
+        == [
+            "Source(1438 examples, 10 classes)",
+            "Source(359 examples, 10 classes)",
+        ]
+    )
+    images = np.zeros((2, 8, 8), "uint8")
+    assert training._describe(images) == training._describe(images.copy()) != training._describe(images + 1)
+
+
 def test_backup_refuses_another_run(tmp_path):
     backup = training.EpochBackup(tmp_path, {"steps": 16})
     assert backup.epoch == 0
