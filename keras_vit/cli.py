@@ -173,10 +173,11 @@ def _cmd_export(args) -> int:
     return 0
 
 
-def _cmd_train(args) -> int:
+def _model_config(args):
+    """The architecture named by `--model` with the custom sizes given on the command line."""
     from keras_vit import training
 
-    config = training.model_config(
+    return training.model_config(
         args.model,
         patch_size=args.patch_size,
         hidden_size=args.hidden_size,
@@ -184,6 +185,12 @@ def _cmd_train(args) -> int:
         num_heads=args.heads,
         mlp_dim=args.mlp_dim,
     )
+
+
+def _cmd_train(args) -> int:
+    from keras_vit import training
+
+    config = _model_config(args)
     result = training.train(
         config,
         args.dataset,
@@ -221,20 +228,11 @@ def _cmd_train(args) -> int:
     return 0
 
 
-def _add_training_parser(commands, name: str) -> None:
-    """`train` (from scratch, AdamW recipe) or `finetune` (from a checkpoint, SGD recipe)."""
-    finetune = name == "finetune"
-    parser = commands.add_parser(
-        name,
-        help="fine-tune a pretrained ViT (SGD momentum recipe)"
-        if finetune
-        else "train a ViT from scratch (AdamW recipe); no arguments: the digits main job",
-    )
+def _add_model_arguments(parser, default: str):
+    """The `model` group of train/finetune/pretrain: a named model, or custom sizes."""
     model = parser.add_argument_group("model")
     model.add_argument(
-        "--model",
-        default="vit_b16" if finetune else "vit_digits",
-        help="a variant from `keras-vit models`, or vit_digits (the small main-job model)",
+        "--model", default=default, help="a variant from `keras-vit models`, or vit_digits (the main job's)"
     )
     for flag, text in (
         ("--patch-size", "patch size"),
@@ -244,24 +242,16 @@ def _add_training_parser(commands, name: str) -> None:
         ("--mlp-dim", "MLP width"),
     ):
         model.add_argument(flag, type=int, default=None, help=f"custom size: {text}")
-    model.add_argument(
-        "--pretrained",
-        type=_pretrained_arg,
-        default=finetune,
-        help="checkpoint to start from: true (the variant's default), a catalog tag, a file or a hub repo id",
-    )
-    model.add_argument("--dropout", type=float, default=0.0)
-    model.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate")
+    return model
+
+
+def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: str):
+    """The `data` and `optimisation` groups' shared arguments (source, size, flips, batch, length)."""
     dataset = parser.add_argument_group("data")
-    dataset.add_argument(
-        "--dataset",
-        default="digits",
-        help="digits (scikit-learn, offline), an image folder with train/ and test/, or a prepared tfds name",
-    )
+    dataset.add_argument("--dataset", default="digits", help=dataset_help)
     dataset.add_argument("--data-dir", default=None, help="tensorflow-datasets data_dir")
     dataset.add_argument("--train-split", default="train")
-    dataset.add_argument("--test-split", default="test", help="the held-out split evaluated at the end")
-    dataset.add_argument("--image-size", type=int, default=None, help="default: the model's or checkpoint's")
+    dataset.add_argument("--image-size", type=int, default=None, help=image_size_help)
     dataset.add_argument(
         "--flip",
         action=argparse.BooleanOptionalAction,
@@ -278,6 +268,43 @@ def _add_training_parser(commands, name: str) -> None:
     schedule.add_argument(
         "--steps-per-epoch", type=int, default=None, help="steps between backups (default: one pass, <= 1000)"
     )
+    return dataset, schedule
+
+
+def _add_strategy_arguments(run) -> None:
+    run.add_argument(
+        "--strategy",
+        choices=("auto", "default", "one_device", "mirrored", "multi_worker", "tpu"),
+        default="auto",
+        help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
+    )
+    run.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32")
+
+
+def _add_training_parser(commands, name: str) -> None:
+    """`train` (from scratch, AdamW recipe) or `finetune` (from a checkpoint, SGD recipe)."""
+    finetune = name == "finetune"
+    parser = commands.add_parser(
+        name,
+        help="fine-tune a pretrained ViT (SGD momentum recipe)"
+        if finetune
+        else "train a ViT from scratch (AdamW recipe); no arguments: the digits main job",
+    )
+    model = _add_model_arguments(parser, "vit_b16" if finetune else "vit_digits")
+    model.add_argument(
+        "--pretrained",
+        type=_pretrained_arg,
+        default=finetune,
+        help="checkpoint to start from: true (the variant's default), a catalog tag, a file or a hub repo id",
+    )
+    model.add_argument("--dropout", type=float, default=0.0)
+    model.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate")
+    dataset, schedule = _add_data_and_length_arguments(
+        parser,
+        "digits (scikit-learn, offline), an image folder with train/ and test/, or a prepared tfds name",
+        "default: the model's or checkpoint's",
+    )
+    dataset.add_argument("--test-split", default="test", help="the held-out split evaluated at the end")
     schedule.add_argument(
         "--learning-rate", "--lr", type=float, default=None, help="peak LR (default 3e-3, 0.01 to fine-tune)"
     )
@@ -287,13 +314,7 @@ def _add_training_parser(commands, name: str) -> None:
     schedule.add_argument("--ema", type=float, default=None, help="Polyak averaging momentum, e.g. 0.9999")
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default="vit_run", help="model.keras, report.json, logs/, backup/")
-    run.add_argument(
-        "--strategy",
-        choices=("auto", "default", "one_device", "mirrored", "multi_worker", "tpu"),
-        default="auto",
-        help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
-    )
-    run.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32")
+    _add_strategy_arguments(run)
     run.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
@@ -303,16 +324,9 @@ def _add_training_parser(commands, name: str) -> None:
 
 
 def _cmd_pretrain(args) -> int:
-    from keras_vit import pretrain, training
+    from keras_vit import pretrain
 
-    config = training.model_config(
-        args.model,
-        patch_size=args.patch_size,
-        hidden_size=args.hidden_size,
-        depth=args.depth,
-        num_heads=args.heads,
-        mlp_dim=args.mlp_dim,
-    )
+    config = _model_config(args)
     result = pretrain.pretrain(
         config,
         args.dataset,
@@ -354,18 +368,7 @@ def _add_pretraining_parser(commands) -> None:
         "pretrain",
         help="self-supervised pre-training by masked patch prediction (labels unused); writes backbone.keras",
     )
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--model", default="vit_digits", help="a variant from `keras-vit models`, or vit_digits"
-    )
-    for flag, text in (
-        ("--patch-size", "patch size"),
-        ("--hidden-size", "width D"),
-        ("--depth", "number of blocks"),
-        ("--heads", "attention heads"),
-        ("--mlp-dim", "MLP width"),
-    ):
-        model.add_argument(flag, type=int, default=None, help=f"custom size: {text}")
+    _add_model_arguments(parser, "vit_digits")
     task = parser.add_argument_group("task")
     task.add_argument(
         "--target",
@@ -377,43 +380,17 @@ def _add_pretraining_parser(commands) -> None:
     task.add_argument("--corrupt-rate", type=float, default=0.5, help="share of patches corrupted per image")
     task.add_argument("--mask-rate", type=float, default=0.8, help="of those, share set to [mask]")
     task.add_argument("--random-rate", type=float, default=0.1, help="of those, share set to another patch")
-    dataset = parser.add_argument_group("data")
-    dataset.add_argument(
-        "--dataset",
-        default="digits",
-        help="digits (train split), an image folder (train/ if present) or a prepared tfds name",
-    )
-    dataset.add_argument("--data-dir", default=None, help="tensorflow-datasets data_dir")
-    dataset.add_argument("--train-split", default="train")
-    dataset.add_argument("--image-size", type=int, default=None, help="default: the model's")
-    dataset.add_argument(
-        "--flip",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="random horizontal flips (default: on, off for digits)",
-    )
-    schedule = parser.add_argument_group("optimisation")
-    schedule.add_argument("--batch-size", type=int, default=64, help="global batch")
-    length = schedule.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, default=None)
-    length.add_argument(
-        "--epochs", type=float, default=None, help="passes over the training data (default 50)"
-    )
-    schedule.add_argument(
-        "--steps-per-epoch", type=int, default=None, help="steps between backups (default: one pass, <= 1000)"
+    _, schedule = _add_data_and_length_arguments(
+        parser,
+        "digits (train split), an image folder (train/ if present) or a prepared tfds name",
+        "default: the model's",
     )
     schedule.add_argument("--learning-rate", "--lr", type=float, default=2e-4, help="peak LR (paper: 2e-4)")
     schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
     schedule.add_argument("--weight-decay", type=float, default=0.0, help="> 0: AdamW on kernels")
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default="vit_mpp", help="backbone.keras, report.json, logs/, backup/")
-    run.add_argument(
-        "--strategy",
-        choices=("auto", "default", "one_device", "mirrored", "multi_worker", "tpu"),
-        default="auto",
-        help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
-    )
-    run.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32")
+    _add_strategy_arguments(run)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
         "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"

@@ -34,9 +34,12 @@ def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
 class PatchEncoder(keras.layers.Layer):
     """Cuts an image into `patch_size` x `patch_size` patches and projects each to `hidden_size`.
 
-    Implemented as the equivalent stride-`patch_size` convolution (kernel HWIO, as in the
-    original checkpoints). Input `(batch, H, W, C)` with H and W divisible by `patch_size`;
-    output `(batch, (H/P)*(W/P), hidden_size)` in row-major patch order.
+    The weights are those of the equivalent stride-`patch_size` convolution (sublayer
+    `projection`, kernel HWIO, as in the original checkpoints); the call cuts the patches with
+    a reshape and a transpose and projects them with one matrix product, whose gradient stays
+    fast in bfloat16 (TensorFlow's convolution filter gradient does not). Input
+    `(batch, H, W, C)` with H and W divisible by `patch_size`; output
+    `(batch, (H/P)*(W/P), hidden_size)` in row-major patch order.
     """
 
     def __init__(
@@ -90,13 +93,18 @@ class PatchEncoder(keras.layers.Layer):
         self.projection.build(input_shape)
 
     def call(self, images):
-        self._check_image_shape(images.shape, channels=self.projection.kernel.shape[2])
-        patches = self.projection(images)
-        height, width = patches.shape[1], patches.shape[2]
+        kernel = self.projection.kernel  # (P, P, C, D)
+        self._check_image_shape(images.shape, channels=kernel.shape[2])
+        size, channels = self.patch_size, kernel.shape[2]
+        height, width = images.shape[1], images.shape[2]
         if height is None or width is None:
-            shape = ops.shape(patches)
+            shape = ops.shape(images)
             height, width = shape[1], shape[2]
-        return ops.reshape(patches, (-1, height * width, self.hidden_size))
+        rows, columns = height // size, width // size
+        patches = ops.reshape(images, (-1, rows, size, columns, size, channels))
+        patches = ops.reshape(ops.transpose(patches, (0, 1, 3, 2, 4, 5)), (-1, size * size * channels))
+        tokens = ops.matmul(patches, ops.reshape(kernel, (-1, self.hidden_size))) + self.projection.bias
+        return ops.reshape(tokens, (-1, rows * columns, self.hidden_size))
 
     def compute_output_shape(self, input_shape):
         height, width = input_shape[1], input_shape[2]
@@ -307,7 +315,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         qkv = ops.matmul(ops.reshape(tokens, (-1, width)), kernel) + bias
         qkv = ops.transpose(ops.reshape(qkv, (batch, length, 3, heads, self.head_dim)), (2, 0, 3, 1, 4))
         query, key, value = qkv[0], qkv[1], qkv[2]  # (batch, heads, tokens, head_dim)
-        logits = ops.einsum("bhqd,bhkd->bhqk", query, key)
+        logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))  # einsum is slow in bfloat16
         scores = ops.softmax(ops.cast(logits, _statistics_dtype(logits.dtype)), axis=-1)
         scores = ops.cast(scores, self.compute_dtype)
         context = ops.matmul(self.dropout_layer(scores, training=training), value)

@@ -45,7 +45,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_vit import data, recipes, training
-from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
+from keras_vit.distribute import is_chief
 from keras_vit.layers import TokenPooling, TransformerBlock
 from keras_vit.models import build_vit
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
@@ -600,21 +600,7 @@ def pretrain(
     arguments = {
         key: training._describe(value) for key, value in dict(locals()).items() if key != "callbacks"
     }
-    if precision not in training.PRECISIONS:
-        raise ValueError(f"Unknown precision {precision!r}: use one of {training.PRECISIONS}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-    # A multi-worker strategy must exist before TensorFlow runs any op (data sources do).
-    if not isinstance(strategy, tf.distribute.Strategy):
-        strategy = get_strategy(strategy)
-    fix_distributed_clipping()
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        fix_multi_worker_fit()
-    if batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(
-            f"batch_size {batch_size} must be divisible by the {strategy.num_replicas_in_sync} replicas."
-        )
-    keras.utils.set_random_seed(seed)
+    strategy = training._start_run(strategy, precision, batch_size, seed)
     source, is_digits = _train_source(dataset, train_split, data_dir)
     config = training.model_config(model)
     if steps is None and epochs is None:

@@ -289,6 +289,28 @@ def _describe(value):
     return repr(value)
 
 
+def _start_run(
+    strategy: str | tf.distribute.Strategy, precision: str, batch_size: int, seed: int
+) -> tf.distribute.Strategy:
+    """Check the run's precision and batch, make the strategy (with the Keras fixes), seed everything."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision {precision!r}: use one of {PRECISIONS}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    # A multi-worker strategy must exist before TensorFlow runs any op (data sources do).
+    if not isinstance(strategy, tf.distribute.Strategy):
+        strategy = get_strategy(strategy)
+    fix_distributed_clipping()
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        fix_multi_worker_fit()
+    if batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(
+            f"batch_size {batch_size} must be divisible by the {strategy.num_replicas_in_sync} replicas."
+        )
+    keras.utils.set_random_seed(seed)
+    return strategy
+
+
 def _worker_dir(root: str, strategy: tf.distribute.Strategy) -> str:
     """`root` for the chief; a per-worker sub-folder for the other workers of a cluster."""
     if is_chief(strategy):
@@ -426,21 +448,7 @@ def train(
     arguments = {key: _describe(value) for key, value in dict(locals()).items() if key != "callbacks"}
     if recipe not in RECIPES:
         raise ValueError(f"Unknown recipe {recipe!r}: use one of {RECIPES}.")
-    if precision not in PRECISIONS:
-        raise ValueError(f"Unknown precision {precision!r}: use one of {PRECISIONS}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-    # A multi-worker strategy must exist before TensorFlow runs any op (data sources do).
-    if not isinstance(strategy, tf.distribute.Strategy):
-        strategy = get_strategy(strategy)
-    fix_distributed_clipping()
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        fix_multi_worker_fit()
-    if batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(
-            f"batch_size {batch_size} must be divisible by the {strategy.num_replicas_in_sync} replicas."
-        )
-    keras.utils.set_random_seed(seed)
+    strategy = _start_run(strategy, precision, batch_size, seed)
     is_digits = not isinstance(dataset, tuple) and os.fspath(dataset) == "digits"
     if isinstance(dataset, tuple):
         train_source, test_source = dataset

@@ -1,0 +1,205 @@
+"""What the benchmark suite measures: architectures, competitors, cases and the FLOP count.
+
+Shared by `run.py` (the orchestrator) and `worker.py` (one process per competitor). Plain
+Python only: the timm worker must not import TensorFlow, nor the Keras workers torch.
+
+FLOP count of a plain ViT forward pass, per image (one multiply-add = 2 FLOPs), with patch
+size P, C input channels, N = (H/P)(W/P) patches, T = N + 1 tokens, width D, MLP width M,
+depth L and K classes:
+
+    patch embedding   2 N (P² C) D
+    per block         2 T D (3D)  [query, key, value]  + 2 T D D  [output projection]
+                      + 2 T D M · 2  [MLP]  + 2 T² D  [Q Kᵀ]  + 2 T² D  [attention · V]
+                      = 8 T D² + 4 T D M + 4 T² D
+    head              2 D K
+
+    forward = 2 N P² C D + L (8 T D² + 4 T D M + 4 T² D) + 2 D K
+
+LayerNorm, softmax, GELU, biases and residual adds are left out (under 1% for ViT-B/16).
+ViT-B/16 at 224 px: 35.1 GFLOP (17.6 GMACs, timm's figure). A training step (forward,
+backward = input and weight gradients, AdamW update) is counted as 3 × forward, the usual
+convention; the optimizer's elementwise work is left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+IMAGE_SIZE = 224
+NUM_CLASSES = 1000
+CHANNELS = 3
+MATMUL_SIZE = 2048  # square float matmul whose rate is the "hardware" reference
+TRAIN_FLOP_FACTOR = 3  # forward + backward (2 x forward) per training step
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A plain ViT's dimensions and the names of the same model in timm."""
+
+    patch_size: int
+    hidden_size: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+    timm_name: str
+    label: str
+
+
+ARCHS: dict[str, Arch] = {
+    "vit_ti16": Arch(16, 192, 12, 3, 768, "vit_tiny_patch16_224", "ViT-Ti/16"),
+    "vit_s16": Arch(16, 384, 12, 6, 1536, "vit_small_patch16_224", "ViT-S/16"),
+    "vit_b16": Arch(16, 768, 12, 12, 3072, "vit_base_patch16_224", "ViT-B/16"),
+}
+
+
+def forward_flops(arch: Arch, image_size: int = IMAGE_SIZE, num_classes: int = NUM_CLASSES) -> int:
+    """FLOPs of one image's forward pass (formula in the module docstring)."""
+    patches = (image_size // arch.patch_size) ** 2
+    tokens = patches + 1
+    width, mlp = arch.hidden_size, arch.mlp_dim
+    embedding = 2 * patches * arch.patch_size**2 * CHANNELS * width
+    block = 8 * tokens * width**2 + 4 * tokens * width * mlp + 4 * tokens**2 * width
+    return embedding + arch.depth * block + 2 * width * num_classes
+
+
+@dataclass(frozen=True)
+class Competitor:
+    """A contestant: which worker process runs it (`framework`, logical CPUs) and how."""
+
+    name: str
+    framework: str  # "keras_vit", "keras_hub" or "timm": the worker's library
+    family: str  # competitors of one family are alternatives the same user could pick
+    jit: bool = False  # Keras: XLA (`jit_compile=True`)
+    logical_cpus: int = 1  # > 1: a separate worker with a MirroredStrategy over logical CPUs
+    label: str = ""
+
+    @property
+    def worker_key(self) -> tuple[str, int]:
+        return self.framework, self.logical_cpus
+
+
+COMPETITORS: dict[str, Competitor] = {
+    c.name: c
+    for c in (
+        Competitor("keras_vit", "keras_vit", "keras_vit", label="keras_vit"),
+        Competitor("keras_vit_xla", "keras_vit", "keras_vit", jit=True, label="keras_vit XLA"),
+        Competitor("keras_hub", "keras_hub", "keras_hub", label="keras_hub"),
+        Competitor("keras_hub_xla", "keras_hub", "keras_hub", jit=True, label="keras_hub XLA"),
+        Competitor("timm", "timm", "timm", label="timm"),
+        Competitor(
+            "keras_vit_mirrored",
+            "keras_vit",
+            "keras_vit_mirrored",
+            logical_cpus=2,
+            label="keras_vit MirroredStrategy (2 logical CPUs)",
+        ),
+    )
+}
+XLA_COMPETITORS = ("keras_vit_xla", "keras_hub_xla")
+FAMILIES = ("keras_vit", "keras_hub", "timm")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: a kind of work on one architecture, batch and precision.
+
+    kind: "matmul" (MATMUL_SIZE² square matmul: the framework's achievable rate), "infer"
+    (forward pass), "train" (full step), "first_call" (build + first prediction in a fresh
+    process), "pipeline" (`keras_vit.data.train_pipeline` alone, no model).
+    `relative_to` names a case whose keras_vit training throughput this case is compared with.
+    """
+
+    name: str
+    kind: str
+    title: str  # short, for tables
+    description: str
+    competitors: tuple[str, ...]
+    arch: str | None = None
+    batch: int = 1
+    precision: str = "float32"  # "float32" or "bfloat16" (Keras `mixed_bfloat16`, torch autocast)
+    relative_to: str | None = None
+
+    @property
+    def flops_per_image(self) -> int | None:
+        """Model FLOPs per image (forward, or a training step), None for other kinds."""
+        if self.kind not in ("infer", "train"):
+            return None
+        factor = TRAIN_FLOP_FACTOR if self.kind == "train" else 1
+        return factor * forward_flops(ARCHS[self.arch])
+
+    @property
+    def matmul_case(self) -> str:
+        """The matmul case whose TensorFlow rate this case's GFLOP/s is a share of."""
+        return "matmul_bf16" if self.precision == "bfloat16" else "matmul_fp32"
+
+
+_MODEL_PEERS = ("keras_vit", "keras_vit_xla", "keras_hub", "keras_hub_xla", "timm")
+_PRECISION_TAGS = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def _model_case(kind: str, arch: str, batch: int, precision: str) -> Case:
+    what = "inference" if kind == "infer" else "training step (forward, backward, AdamW)"
+    name = f"{kind}_{arch.removeprefix('vit_')}_{_PRECISION_TAGS[precision]}_bs{batch}"
+    precision_label = "mixed bfloat16" if precision == "bfloat16" else precision
+    title = f"{ARCHS[arch].label} {what.split()[0]}, batch {batch}, {precision_label}"
+    description = f"{ARCHS[arch].label} {IMAGE_SIZE} px {what}, batch {batch}, {precision_label}"
+    return Case(name, kind, title, description, _MODEL_PEERS, arch, batch, precision)
+
+
+CASES: dict[str, Case] = {
+    c.name: c
+    for c in (
+        Case(
+            "matmul_fp32",
+            "matmul",
+            f"{MATMUL_SIZE}³ matmul, float32",
+            f"{MATMUL_SIZE}³ float32 matmul (TensorFlow in the keras_vit worker, PyTorch in timm's)",
+            ("keras_vit", "timm"),
+        ),
+        Case(
+            "matmul_bf16",
+            "matmul",
+            f"{MATMUL_SIZE}³ matmul, bfloat16",
+            f"{MATMUL_SIZE}³ bfloat16 matmul (TensorFlow, in the keras_vit worker)",
+            ("keras_vit",),
+            precision="bfloat16",
+        ),
+        _model_case("infer", "vit_b16", 1, "float32"),
+        _model_case("infer", "vit_b16", 16, "float32"),
+        _model_case("infer", "vit_b16", 1, "bfloat16"),
+        _model_case("infer", "vit_b16", 16, "bfloat16"),
+        _model_case("infer", "vit_s16", 16, "float32"),
+        _model_case("infer", "vit_ti16", 16, "float32"),
+        Case(
+            "first_call_b16_fp32_bs1",
+            "first_call",
+            "ViT-B/16 first call (fresh process: build + predict 1 image)",
+            f"ViT-B/16 first-call latency: build (random weights) + first prediction of 1 image "
+            f"at {IMAGE_SIZE} px, in a fresh process (Keras: model.predict)",
+            ("keras_vit", "keras_hub", "timm"),
+            "vit_b16",
+        ),
+        _model_case("train", "vit_s16", 32, "float32"),
+        _model_case("train", "vit_s16", 32, "bfloat16"),
+        Case(
+            "train_s16_fp32_bs32_mirrored",
+            "train",
+            "ViT-S/16 training, batch 32, float32, MirroredStrategy (2 logical CPUs)",
+            f"ViT-S/16 {IMAGE_SIZE} px training step, global batch 32, float32, under MirroredStrategy "
+            "over 2 logical CPUs vs one device",
+            ("keras_vit_mirrored", "keras_vit"),
+            "vit_s16",
+            32,
+        ),
+        Case(
+            "pipeline_bs32",
+            "pipeline",
+            f"Input pipeline alone (JPEG files → {IMAGE_SIZE} px, augmented), batch 32",
+            f"keras_vit.data.train_pipeline alone: JPEG files decoded, inception crop, flip, resize to "
+            f"{IMAGE_SIZE} px, normalise, batch 32 (no model)",
+            ("keras_vit",),
+            batch=32,
+            relative_to="train_s16_fp32_bs32",
+        ),
+    )
+}

@@ -1,0 +1,427 @@
+"""One competitor's long-lived benchmark process, driven by `run.py` over stdin/stdout JSON lines.
+
+    python benchmarks/worker.py --framework keras_vit|keras_hub|timm --threads N [--logical-cpus 2]
+
+The framework is imported once, with its thread pools set to N (TensorFlow intra- and
+inter-op pools; torch intra- and inter-op threads). The worker then answers one JSON request
+per line with one JSON reply per line, `{"ok": true, ...}` or `{"ok": false, "error": ...}`:
+
+* `{"op": "setup", "case": NAME, "jit": bool, "warmup": n, "max_call": s}` builds the case's
+  model (random weights) and inputs, runs `warmup` (>= 1) untimed calls (the first traces and
+  compiles) and times one more: reply `first_s`, `call_s` (the last), `params`, `setup_s`. A
+  call after the first that takes over `max_call` seconds ends the warm-up with `too_slow`
+  (e.g. bfloat16 on a CPU without bfloat16 instructions): no rounds for it.
+* `{"op": "measure", "case": NAME, "jit": bool, "calls": n}`: `seconds` for n calls.
+* `{"op": "first_call", "case": NAME}`: `seconds` to build the model and predict once.
+* `{"op": "quit"}`.
+
+What one call is: inference, Keras: `tf.function(lambda x: model(x, training=False))` on a
+fixed float32 batch (`jit_compile=jit`), result fetched with `.numpy()`; timm: `model(x)`
+under `torch.inference_mode()` (and `torch.autocast("cpu", torch.bfloat16)` for bfloat16).
+Training, Keras: `model.compile(AdamW, sparse cross-entropy from logits, jit_compile=jit)`,
+then the compiled `model.train_function` (what `model.fit` runs per step) on an endless
+tf.data stream of one fixed batch, loss fetched; timm: zero_grad, forward (autocast for
+bfloat16), `F.cross_entropy`, backward, `AdamW.step()`, loss fetched. Both AdamW with
+lr 1e-3, weight decay 0.05, no clipping. Matmul: `MATMUL_SIZE`² operands, eager
+`tf.linalg.matmul` / `torch.matmul`, synchronised after the last call. Pipeline: a fresh
+iterator over `keras_vit.data.train_pipeline` per measurement, two untimed batches, then
+`calls` timed batches. Bfloat16 in Keras is the `mixed_bfloat16` policy (float32 variables
+and head); in torch, autocast.
+
+The protocol has the original stdout to itself: file descriptor 1 is pointed at stderr, so
+library prints cannot corrupt it. The worker dies with its parent (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+
+from cases import ARCHS, CASES, CHANNELS, IMAGE_SIZE, MATMUL_SIZE, NUM_CLASSES, Case
+
+Runner = Callable[[int], float]  # calls -> seconds
+LEARNING_RATE, WEIGHT_DECAY = 1e-3, 0.05
+PIPELINE_FILES = 64  # JPEG files behind the pipeline benchmark, in two class folders
+PIPELINE_UNTIMED_BATCHES = 2
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the orchestrator exits, however it exits."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def random_batch(batch: int) -> tuple:
+    """The same inputs in every worker: NHWC float32 images in [-1, 1] and int labels."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1.0, 1.0, (batch, IMAGE_SIZE, IMAGE_SIZE, CHANNELS)).astype("float32")
+    labels = rng.integers(0, NUM_CLASSES, batch).astype("int32")
+    return images, labels
+
+
+def timed(step: Callable[[], object], finish: Callable[[object], object] = lambda result: result) -> Runner:
+    """A runner that calls `step` `calls` times, then `finish`es the last result, and returns seconds."""
+
+    def run(calls: int) -> float:
+        start = time.perf_counter()
+        result = None
+        for _ in range(calls):
+            result = step()
+        finish(result)
+        return time.perf_counter() - start
+
+    return run
+
+
+class KerasBackend:
+    """keras_vit or keras_hub on TensorFlow; with `logical_cpus` > 1, under a MirroredStrategy."""
+
+    def __init__(self, framework: str, threads: int, logical_cpus: int):
+        import tensorflow as tf
+
+        if logical_cpus > 1:  # must precede every TensorFlow op
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * logical_cpus
+            )
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        import keras
+
+        self.tf, self.keras, self.framework = tf, keras, framework
+        if framework == "keras_hub":
+            import keras_hub
+
+            self.library = keras_hub
+        else:
+            import keras_vit
+
+            self.library = keras_vit
+        self.strategy = (
+            tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(logical_cpus)])
+            if logical_cpus > 1
+            else None
+        )
+        self.models: dict[tuple, object] = {}
+
+    def versions(self) -> dict:
+        import numpy
+
+        return {
+            "tensorflow": self.tf.__version__,
+            "keras": self.keras.__version__,
+            self.framework: getattr(self.library, "__version__", "unknown"),
+            "numpy": numpy.__version__,
+        }
+
+    def build(self, arch_name: str, precision: str):
+        """The classifier with random weights, under the case's dtype policy."""
+        keras = self.keras
+        arch = ARCHS[arch_name]
+        previous = keras.config.dtype_policy()
+        keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
+        try:
+            if self.framework == "keras_vit":
+                config = self.library.variants.get_config(arch_name)
+                expected = (arch.patch_size, arch.hidden_size, arch.depth, arch.num_heads, arch.mlp_dim)
+                actual = (
+                    config.patch_size,
+                    config.hidden_size,
+                    config.depth,
+                    config.num_heads,
+                    config.mlp_dim,
+                )
+                if actual != expected:
+                    raise ValueError(
+                        f"benchmarks/cases.py has {arch_name} as {expected}, keras_vit {actual}."
+                    )
+                return self.library.create_model(arch_name, image_size=IMAGE_SIZE, num_classes=NUM_CLASSES)
+            backbone = self.library.models.ViTBackbone(
+                image_shape=(IMAGE_SIZE, IMAGE_SIZE, CHANNELS),
+                patch_size=arch.patch_size,
+                num_layers=arch.depth,
+                num_heads=arch.num_heads,
+                hidden_dim=arch.hidden_size,
+                mlp_dim=arch.mlp_dim,
+            )
+            # A float32 head with logits, as keras_vit's.
+            return self.library.models.ViTImageClassifier(
+                backbone=backbone, num_classes=NUM_CLASSES, activation=None, head_dtype="float32"
+            )
+        finally:
+            keras.config.set_dtype_policy(previous)
+
+    def _cached_model(self, case: Case):
+        key = ("infer", case.arch, case.precision)
+        if key not in self.models:
+            self.models[key] = self.build(case.arch, case.precision)
+        return self.models[key]
+
+    def runner(self, case: Case, jit: bool) -> tuple[Runner, int | None]:
+        """The case's timed runner and the model's parameter count (None without a model)."""
+        tf = self.tf
+        if case.kind == "matmul":
+            dtype = tf.bfloat16 if case.precision == "bfloat16" else tf.float32
+            a, b = (
+                tf.cast(tf.random.stateless_normal((MATMUL_SIZE,) * 2, (seed, 0)), dtype) for seed in (1, 2)
+            )
+            return timed(lambda: tf.linalg.matmul(a, b), lambda result: result[0, 0].numpy()), None
+        if case.kind == "pipeline":
+            return self._pipeline_runner(case), None
+        images, labels = random_batch(case.batch)
+        if case.kind == "infer":
+            model = self._cached_model(case)
+            forward = tf.function(lambda x: model(x, training=False), jit_compile=jit)
+            inputs = tf.constant(images)
+            return timed(lambda: forward(inputs).numpy()), model.count_params()
+        if case.kind == "train":
+            return self._train_runner(case, jit, images, labels)
+        raise ValueError(f"{self.framework} worker cannot run {case.kind!r} cases with `setup`.")
+
+    def _train_runner(self, case: Case, jit: bool, images, labels) -> tuple[Runner, int]:
+        tf, keras = self.tf, self.keras
+        scope = self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+        with scope:
+            model = self.build(case.arch, case.precision)
+            model.compile(
+                optimizer=keras.optimizers.AdamW(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                jit_compile=jit,
+            )
+            # Eagerly: inside the first trace each optimizer variable costs ~0.1 s to create.
+            model.optimizer.build(model.trainable_variables)
+        dataset = (
+            tf.data.Dataset.from_tensor_slices((images, labels))
+            .repeat()
+            .batch(case.batch, drop_remainder=True)
+        )
+        if self.strategy is not None:  # the global batch is split across the replicas
+            dataset = self.strategy.experimental_distribute_dataset(dataset)
+        iterator = iter(dataset)
+        model.make_train_function()
+        return timed(lambda: float(model.train_function(iterator)["loss"])), model.count_params()
+
+    def _pipeline_runner(self, case: Case) -> Runner:
+        if self.framework != "keras_vit":
+            raise ValueError("The pipeline case measures keras_vit.data: run it in the keras_vit worker.")
+        folder = tempfile.mkdtemp(prefix="keras_vit_bench_jpegs_")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        write_jpeg_folder(folder, PIPELINE_FILES)
+        data = self.library.data
+        source = data.from_directory(folder)
+
+        def run(calls: int) -> float:
+            pipeline = data.train_pipeline(source, image_size=IMAGE_SIZE, batch_size=case.batch, seed=0)
+            iterator = iter(pipeline)
+            for _ in range(PIPELINE_UNTIMED_BATCHES):
+                next(iterator)
+            start = time.perf_counter()
+            for _ in range(calls):
+                images, _ = next(iterator)
+            images.numpy()
+            seconds = time.perf_counter() - start
+            del iterator  # stops the pipeline's background threads
+            return seconds
+
+        return run
+
+    def first_call(self, case: Case) -> float:
+        images, _ = random_batch(case.batch)
+        start = time.perf_counter()
+        model = self.build(case.arch, case.precision)
+        model.predict(images, verbose=0)
+        return time.perf_counter() - start
+
+
+class TorchBackend:
+    """timm (PyTorch eager) models and torch matmuls."""
+
+    def __init__(self, framework: str, threads: int, logical_cpus: int):
+        import timm
+        import torch
+
+        if logical_cpus > 1:
+            raise ValueError("logical CPUs are a TensorFlow setting; timm runs on one device.")
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(threads)
+        self.torch, self.timm = torch, timm
+
+    def versions(self) -> dict:
+        import numpy
+        import torchvision
+
+        return {
+            "torch": self.torch.__version__,
+            "torchvision": torchvision.__version__,
+            "timm": self.timm.__version__,
+            "numpy": numpy.__version__,
+        }
+
+    def autocast(self, precision: str):
+        if precision == "bfloat16":
+            return self.torch.autocast("cpu", dtype=self.torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def build(self, arch_name: str):
+        return self.timm.create_model(ARCHS[arch_name].timm_name, pretrained=False, num_classes=NUM_CLASSES)
+
+    def runner(self, case: Case, jit: bool) -> tuple[Runner, int | None]:
+        torch = self.torch
+        if jit:
+            raise ValueError("timm runs eagerly here: there is no jit mode.")
+        if case.kind == "matmul":
+            dtype = torch.bfloat16 if case.precision == "bfloat16" else torch.float32
+            generator = torch.Generator().manual_seed(0)
+            a, b = (torch.randn((MATMUL_SIZE,) * 2, generator=generator).to(dtype) for _ in range(2))
+            return timed(lambda: torch.matmul(a, b)), None
+        images, labels = random_batch(case.batch)
+        inputs = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())
+        targets = torch.from_numpy(labels.astype("int64"))
+        model = self.build(case.arch)
+        params = sum(parameter.numel() for parameter in model.parameters())
+        if case.kind == "infer":
+            model.eval()
+
+            def forward():
+                with torch.inference_mode(), self.autocast(case.precision):
+                    return model(inputs)
+
+            return timed(forward), params
+        if case.kind == "train":
+            model.train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+
+            def step():
+                optimizer.zero_grad(set_to_none=True)
+                with self.autocast(case.precision):
+                    logits = model(inputs)
+                loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+                loss.backward()
+                optimizer.step()
+                return loss.item()
+
+            return timed(step), params
+        raise ValueError(f"The timm worker cannot run {case.kind!r} cases with `setup`.")
+
+    def first_call(self, case: Case) -> float:
+        images, _ = random_batch(case.batch)
+        start = time.perf_counter()
+        model = self.build(case.arch).eval()
+        with self.torch.inference_mode():
+            model(self.torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).numpy()
+        return time.perf_counter() - start
+
+
+def write_jpeg_folder(folder: str, count: int) -> None:
+    """`count` JPEG photos (random crops of scikit-learn's and scikit-image's bundled photos,
+    shorter side 300-500 px like ImageNet's) in two class sub-folders of `folder`."""
+    import numpy as np
+    import skimage.data
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photos = list(load_sample_images().images)
+    photos += [getattr(skimage.data, name)() for name in ("astronaut", "chelsea", "coffee", "rocket")]
+    rng = np.random.default_rng(0)
+    for index in range(count):
+        photo = photos[index % len(photos)]
+        height, width = photo.shape[:2]
+        crop_h, crop_w = (int(side * rng.uniform(0.6, 1.0)) for side in (height, width))
+        top, left = rng.integers(0, height - crop_h + 1), rng.integers(0, width - crop_w + 1)
+        image = Image.fromarray(photo[top : top + crop_h, left : left + crop_w])
+        scale = rng.uniform(300, 500) / min(image.size)
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.BICUBIC)
+        class_folder = os.path.join(folder, f"class_{index % 2}")
+        os.makedirs(class_folder, exist_ok=True)
+        image.save(os.path.join(class_folder, f"{index:03d}.jpg"), quality=90)
+
+
+BACKENDS = {"keras_vit": KerasBackend, "keras_hub": KerasBackend, "timm": TorchBackend}
+
+
+def serve(backend, replies) -> None:
+    """Answer requests from stdin until `quit` or end of input."""
+    # Cases doing the same work (e.g. single-device training, also the baseline of the mirrored
+    # case) share one runner, keyed by what it runs.
+    prepared: dict[tuple, dict] = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request["op"]
+        if op == "quit":
+            break
+        try:
+            case = CASES[request["case"]]
+            key = (case.kind, case.arch, case.batch, case.precision, bool(request.get("jit", False)))
+            if op == "setup":
+                start = time.perf_counter()
+                if key in prepared:
+                    reply = dict(prepared[key], call_s=prepared[key]["runner"](1))
+                else:
+                    runner, params = backend.runner(case, key[-1])
+                    first_s = runner(1)  # tracing, XLA compilation
+                    call_s = runner(1)
+                    for _ in range(request["warmup"] - 1):
+                        if call_s > request["max_call"]:
+                            break  # no more of those
+                        call_s = runner(1)
+                    reply = {"runner": runner, "params": params, "first_s": first_s, "call_s": call_s}
+                if reply["call_s"] > request["max_call"]:
+                    reply["too_slow"] = True
+                else:
+                    prepared[key] = reply
+                reply = {name: value for name, value in reply.items() if name != "runner"}
+                reply["setup_s"] = time.perf_counter() - start
+            elif op == "measure":
+                reply = {"seconds": prepared[key]["runner"](int(request["calls"]))}
+            elif op == "first_call":
+                reply = {"seconds": backend.first_call(case)}
+            else:
+                raise ValueError(f"Unknown request {op!r}.")
+            reply["ok"] = True
+        except Exception as error:  # reported to the orchestrator, which goes on without this case
+            message = (str(error).strip().splitlines() or [""])[0][:500]
+            reply = {"ok": False, "error": f"{type(error).__name__}: {message}"}
+            traceback.print_exc()
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A benchmark worker (started by benchmarks/run.py).")
+    parser.add_argument("--framework", choices=sorted(BACKENDS), required=True)
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--logical-cpus", type=int, default=1)
+    args = parser.parse_args()
+    die_with_parent()
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # library prints go to stderr
+    start = time.perf_counter()
+    try:
+        backend = BACKENDS[args.framework](args.framework, args.threads, args.logical_cpus)
+        hello = {"ok": True, "pid": os.getpid(), "import_s": time.perf_counter() - start}
+        hello["versions"] = backend.versions()
+    except Exception as error:
+        traceback.print_exc()
+        hello = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
+    replies.write(json.dumps(hello) + "\n")
+    replies.flush()
+    if hello["ok"]:
+        serve(backend, replies)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    main()
