@@ -55,6 +55,17 @@ def _token_grid(config: ViTConfig, height: int, width: int) -> tuple[int, int]:
     return feature_hw[0] // patch, feature_hw[1] // patch
 
 
+def classification_head(num_classes: int, classifier_activation: str | None = None) -> keras.layers.Dense:
+    """The `head` layer: zero-initialised (paper §3.2), float32 so mixed precision gives float32 logits."""
+    return keras.layers.Dense(
+        num_classes,
+        activation=classifier_activation,
+        kernel_initializer="zeros",
+        name="head",
+        dtype="float32",
+    )
+
+
 def build_vit(
     config: ViTConfig,
     *,
@@ -111,14 +122,7 @@ def build_vit(
         if representation_size:
             outputs = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(outputs)
     if include_top:
-        # Zero-initialised (paper §3.2) and float32 so mixed-precision models give float32 logits.
-        outputs = keras.layers.Dense(
-            num_classes,
-            activation=classifier_activation,
-            kernel_initializer="zeros",
-            name="head",
-            dtype="float32",
-        )(outputs)
+        outputs = classification_head(num_classes, classifier_activation)(outputs)
     return keras.Model(images, outputs, name=name or config.name)
 
 

@@ -47,7 +47,7 @@ from keras import ops
 from keras_vit import data, recipes, training
 from keras_vit.distribute import is_chief
 from keras_vit.layers import TokenPooling, TransformerBlock
-from keras_vit.models import build_vit
+from keras_vit.models import build_vit, classification_head
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.variants import ViTConfig
 
@@ -501,13 +501,7 @@ def to_classifier(
     copy = keras.models.clone_model(backbone, clone_function=clone)
     copy.set_weights(backbone.get_weights())
     outputs = TokenPooling(pooling, name="pool")(copy.output)
-    outputs = keras.layers.Dense(
-        num_classes,
-        activation=classifier_activation,
-        kernel_initializer="zeros",
-        name="head",
-        dtype="float32",
-    )(outputs)
+    outputs = classification_head(num_classes, classifier_activation)(outputs)
     return keras.Model(copy.input, outputs, name=name or backbone.name)
 
 
