@@ -263,7 +263,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Sour
         from sklearn.datasets import load_digits as sklearn_digits
     except ImportError:
         raise ImportError(
-            'load_digits needs scikit-learn: pip install "keras-vit-zoo[digits]" (or scikit-learn).'
+            'load_digits needs scikit-learn: pip install "keras-vit-zoo[train]" (or scikit-learn).'
         ) from None
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
