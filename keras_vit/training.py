@@ -358,7 +358,7 @@ def _tensorboard(log_dir: str) -> list[keras.callbacks.Callback]:
     except ImportError:
         print(
             "keras_vit: no TensorBoard logs (the tensorboard package is not installed: "
-            "pip install \"keras-vit-zoo[train]\").",
+            'pip install "keras-vit-zoo[train]").',
             file=sys.stderr,
         )
         return []
