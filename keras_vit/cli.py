@@ -212,7 +212,7 @@ def _cmd_train(args) -> int:
         flip=args.flip,
         strategy=args.strategy,
         precision=args.precision,
-        jit_compile=args.jit_compile,
+        jit_compile={"on": True, "off": False}.get(args.jit_compile, "auto"),
         seed=args.seed,
         train_split=args.train_split,
         test_split=args.test_split,
@@ -245,7 +245,7 @@ def _add_model_arguments(parser, default: str):
     return model
 
 
-def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: str):
+def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: str, default_epochs: int):
     """The `data` and `optimisation` groups' shared arguments (source, size, flips, batch, length)."""
     dataset = parser.add_argument_group("data")
     dataset.add_argument("--dataset", default="digits", help=dataset_help)
@@ -263,7 +263,7 @@ def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: s
     length = schedule.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, default=None)
     length.add_argument(
-        "--epochs", type=float, default=None, help="passes over the training data (default 50)"
+        "--epochs", type=float, default=None, help=f"passes over the training data (default {default_epochs})"
     )
     schedule.add_argument(
         "--steps-per-epoch", type=int, default=None, help="steps between backups (default: one pass, <= 1000)"
@@ -283,6 +283,8 @@ def _add_strategy_arguments(run) -> None:
 
 def _add_training_parser(commands, name: str) -> None:
     """`train` (from scratch, AdamW recipe) or `finetune` (from a checkpoint, SGD recipe)."""
+    from keras_vit import training
+
     finetune = name == "finetune"
     parser = commands.add_parser(
         name,
@@ -298,11 +300,17 @@ def _add_training_parser(commands, name: str) -> None:
         help="checkpoint to start from: true (the variant's default), a catalog tag, a file or a hub repo id",
     )
     model.add_argument("--dropout", type=float, default=0.0)
-    model.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate")
+    model.add_argument(
+        "--drop-path",
+        type=float,
+        default=None,
+        help=f"stochastic depth rate (default {training.SCRATCH_DROP_PATH} from scratch, 0 fine-tuning)",
+    )
     dataset, schedule = _add_data_and_length_arguments(
         parser,
         "digits (scikit-learn, offline), an image folder with train/ and test/, or a prepared tfds name",
         "default: the model's or checkpoint's",
+        training.DEFAULT_EPOCHS,
     )
     dataset.add_argument("--test-split", default="test", help="the held-out split evaluated at the end")
     schedule.add_argument(
@@ -315,7 +323,12 @@ def _add_training_parser(commands, name: str) -> None:
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default="vit_run", help="model.keras, report.json, logs/, backup/")
     _add_strategy_arguments(run)
-    run.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
+    run.add_argument(
+        "--jit-compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="XLA-compile the train step (auto: on for a single replica)",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
         "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
@@ -364,6 +377,8 @@ def _cmd_pretrain(args) -> int:
 
 def _add_pretraining_parser(commands) -> None:
     """`pretrain`: self-supervised masked patch prediction on unlabeled images (paper §4.6)."""
+    from keras_vit import pretrain
+
     parser = commands.add_parser(
         "pretrain",
         help="self-supervised pre-training by masked patch prediction (labels unused); writes backbone.keras",
@@ -384,6 +399,7 @@ def _add_pretraining_parser(commands) -> None:
         parser,
         "digits (train split), an image folder (train/ if present) or a prepared tfds name",
         "default: the model's",
+        pretrain.DEFAULT_EPOCHS,
     )
     schedule.add_argument("--learning-rate", "--lr", type=float, default=2e-4, help="peak LR (paper: 2e-4)")
     schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")

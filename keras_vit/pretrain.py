@@ -65,6 +65,7 @@ __all__ = [
 
 _PACKAGE = "keras_vit"
 TARGETS = ("mean_color", "grid_4x4", "regression")
+DEFAULT_EPOCHS = 50  # passes over the data when neither steps nor epochs is given
 _GRID_CELLS = {"mean_color": 1, "grid_4x4": 4}
 # A mean this close (in bins) below a bin edge counts in the upper bin: undoing the
 # normalisation in float32 cannot then move a mean that lies exactly on an edge (e.g. 0.125
@@ -598,7 +599,7 @@ def pretrain(
     source, is_digits = _train_source(dataset, train_split, data_dir)
     config = training.model_config(model)
     if steps is None and epochs is None:
-        epochs = training.DEFAULT_EPOCHS
+        epochs = DEFAULT_EPOCHS
     steps_per_epoch, fit_epochs = training._plan_steps(
         data.epoch_steps(source, batch_size), steps, epochs, steps_per_epoch
     )
@@ -649,8 +650,7 @@ def pretrain(
         seed=seed,
         start_epoch=start_epoch,
         steps_per_epoch=steps_per_epoch,
-        crop_scale=tuple(crop_scale or ((0.7, 1.0) if is_digits else (0.08, 1.0))),
-        flip=(not is_digits) if flip is None else flip,
+        **training._augmentation(is_digits, crop_scale, flip),
     ).map(lambda image, label: image)  # unlabeled: labels are dropped before the model
     chief = is_chief(strategy)
     fit_callbacks = [backup, *callbacks]

@@ -90,6 +90,7 @@ def test_mirrored_two_cpus_matches_one_device(tmp_path):
     )
     result = json.loads(out.read_text())
     assert result["one_device"]["replicas"] == 1 and result["mirrored"]["replicas"] == 2
+    assert result["mirrored"]["jit_compile"] is False  # jit_compile="auto": no XLA across replicas
     # Same global batch of 32 (16 per replica), SGD with clipping at global norm 1: the losses
     # agree to float32 rounding of the cross-replica gradient sum. Tolerance: rtol 1e-6 on the
     # losses, 1e-6 on the weights (measured: equal losses, weights within 2e-9). Clipping each

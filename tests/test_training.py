@@ -72,6 +72,8 @@ def test_load_dataset_errors(tmp_path):
         training.load_dataset(tmp_path / "missing")
     with pytest.raises(ValueError, match="finetune starts from a checkpoint"):
         training.finetune("vit_ti16", pretrained=False)
+    with pytest.raises(ValueError, match="jit_compile must be True, False or 'auto'"):
+        training.train(TINY, output_dir=tmp_path, jit_compile="yes")
 
 
 def test_run_description_is_the_same_in_every_process():
@@ -141,6 +143,7 @@ def test_mixed_precision_trains(tmp_path):
     )  # fmt: skip
     model = result.model
     assert model.get_layer("block_0").compute_dtype == "bfloat16"
+    assert model.jit_compile is True  # jit_compile="auto" on one replica: XLA
     assert model.get_layer("block_0").fc1.kernel.dtype == "float32"  # float32 master weights
     assert keras.config.dtype_policy().name == "float32"  # the global policy is restored
     assert result.report["steps"] == 1 and np.isfinite(result.report["history"]["loss"][0])

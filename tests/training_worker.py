@@ -41,19 +41,27 @@ def mirrored(out: str) -> None:
     from keras_vit import training
 
     results = {}
-    for name, strategy in (
-        ("one_device", tf.distribute.OneDeviceStrategy("/cpu:0")),
-        ("mirrored", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])),
+    for name, strategy, jit_compile in (
+        # Without XLA on one device too, so that both runs have the same kernels; under
+        # MirroredStrategy "auto" must choose no XLA (it fails on logical CPU devices).
+        ("one_device", tf.distribute.OneDeviceStrategy("/cpu:0"), False),
+        ("mirrored", tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), "auto"),
     ):
         with tempfile.TemporaryDirectory() as output_dir:
             # SGD (the fine-tuning recipe, clipping at norm 1 included) is linear in the
             # gradient, so float32 rounding stays rounding; Adam's g / sqrt(v) can enlarge it.
             result = training.train(
-                _tiny_config(), output_dir=output_dir, strategy=strategy, recipe="finetune", **TRAIN
+                _tiny_config(),
+                output_dir=output_dir,
+                strategy=strategy,
+                recipe="finetune",
+                jit_compile=jit_compile,
+                **TRAIN,
             )
         results[name] = {
             "loss": result.report["history"]["loss"],
             "replicas": result.report["replicas"],
+            "jit_compile": bool(result.model.jit_compile),
             "weights": [w.tolist() for w in result.model.get_weights()],
         }
     gap = max(
