@@ -144,6 +144,8 @@ def test_mixed_precision_trains(tmp_path):
     model = result.model
     assert model.get_layer("block_0").compute_dtype == "bfloat16"
     assert model.jit_compile is True  # jit_compile="auto" on one replica: XLA
+    # From scratch, stochastic depth defaults to SCRATCH_DROP_PATH (growing to it over the blocks).
+    assert model.get_layer("block_1").drop_path == pytest.approx(training.SCRATCH_DROP_PATH)
     assert model.get_layer("block_0").fc1.kernel.dtype == "float32"  # float32 master weights
     assert keras.config.dtype_policy().name == "float32"  # the global policy is restored
     assert result.report["steps"] == 1 and np.isfinite(result.report["history"]["loss"][0])
