@@ -14,7 +14,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras_vit  # noqa: E402
-from keras_vit.pretrained import model_entry  # noqa: E402
+from keras_vit.preprocessing import Preprocessing  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,10 +40,9 @@ def main(argv=None) -> int:
         print(error, file=sys.stderr)
         return 1
 
-    entry = model_entry(model)
-    crop_pct = entry.crop_pct if entry else 0.9
-    pixels = keras_vit.load_image(image, model.input_shape[1:3], crop_pct)
-    logits = model.predict(keras_vit.preprocess_input(pixels[None], model), verbose=0)
+    spec = Preprocessing.for_model(model)  # the checkpoint's resize, crop and normalisation
+    pixels = keras_vit.load_image(image, spec)
+    logits = model.predict(keras_vit.preprocess_input(pixels[None], spec), verbose=0)
     print(f"{label} with {model.name}:")
     for index, name, probability in keras_vit.decode_predictions(logits, args.top, model)[0]:
         print(f"  {probability:7.2%}  {name} ({index})")

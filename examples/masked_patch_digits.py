@@ -41,7 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_vit import build_vit, data, pretrain, recipes, training  # noqa: E402
+from keras_vit import VARIANTS, build_vit, data, defaults, pretrain, recipes  # noqa: E402
 
 
 def labelled_subset(source: data.Source, per_class: int, seed: int) -> data.Source:
@@ -78,7 +78,9 @@ def fine_tune(
         crop_scale=(0.7, 1.0), flip=False,
     )  # fmt: skip
     model.fit(stream, epochs=1, steps_per_epoch=args.finetune_steps, shuffle=False, verbose=0)
-    held_out = data.eval_pipeline(test, image_size=size, batch_size=256, crop_pct=None)
+    # Plain resize as train_pipeline does it (one TF pass), the preprocessing the README's numbers used.
+    spec = data.Preprocessing(size, crop_pct=None, interpolation="bilinear", resampler="tensorflow")
+    held_out = data.eval_pipeline(test, spec, batch_size=256)
     return float(model.evaluate(held_out, verbose=0)[1])
 
 
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain-steps", type=int, default=1500)
     parser.add_argument("--pretrain-lr", type=float, default=1e-3)
     parser.add_argument("--pretrain-batch", type=int, default=64)
-    parser.add_argument("--target", choices=pretrain.TARGETS, default="mean_color")
+    parser.add_argument("--target", choices=defaults.MPP_TARGETS, default="mean_color")
     parser.add_argument("--finetune-steps", type=int, default=200)
     parser.add_argument("--finetune-lr", type=float, default=1e-3)
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     train, test = data.load_digits()
-    config = training.SMALL_MODELS["vit_digits"]
+    config = VARIANTS["vit_digits"]
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for seed in args.seeds:

@@ -1,99 +1,76 @@
 """keras_vit: the Vision Transformer (Dosovitskiy et al. 2020) for Keras 3.
 
-Importing the package registers its layers, so saved `.keras` models load without
-`custom_objects`.
+`import keras_vit` is instant: it imports neither TensorFlow nor Keras. Each public name is
+loaded from its module on first use (PEP 562), e.g. `keras_vit.vit_b16` imports the models.
+
+Saved `.keras` models: `keras_vit.load_model(path)` registers keras_vit's Keras classes and
+loads; `keras.saving.load_model` works too once keras_vit has registered them, which
+`import keras_vit` does at once when Keras is already imported (else on first use of a model,
+layer or loader).
 """
 
-from keras_vit import data as data
-from keras_vit import evaluate as evaluate
+from __future__ import annotations
 
-# `keras_vit.inspect` (attention maps, ...) is deliberately left out of __all__: a star import
-# must not hide the standard library's `inspect`.
-from keras_vit import inspect as inspect
-from keras_vit import pretrain as pretrain
-from keras_vit import recipes as recipes
-from keras_vit.converters import CheckpointError, inspect_checkpoint, load_checkpoint
-from keras_vit.export import export_serving
-from keras_vit.hybrid import BottleneckUnit, StdConv2D
-from keras_vit.layers import (
-    ClassToken,
-    DropPath,
-    MultiHeadSelfAttention,
-    PatchEncoder,
-    PositionEmbedding,
-    TokenPooling,
-    TransformerBlock,
-)
-from keras_vit.models import (
-    build_vit,
-    create_model,
-    list_models,
-    vit_b8,
-    vit_b16,
-    vit_b32,
-    vit_h14,
-    vit_l16,
-    vit_l32,
-    vit_r26_b32,
-    vit_r26_s32,
-    vit_r50_b16,
-    vit_r50_l32,
-    vit_r_ti16,
-    vit_s16,
-    vit_s32,
-    vit_ti16,
-)
-from keras_vit.pos_embed import resize_pos_embed
-from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
-from keras_vit.pretrained import (
-    WeightsIntegrityError,
-    WeightsUnavailableError,
-    list_pretrained,
-    load_weights,
-)
-from keras_vit.variants import VARIANTS, ViTConfig
+import importlib
+import sys
+
+from keras_vit.variants import VARIANTS as VARIANTS
+from keras_vit.variants import ViTConfig as ViTConfig
+from keras_vit.variants import list_models as list_models
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BottleneckUnit",
-    "CheckpointError",
-    "ClassToken",
-    "DropPath",
-    "MultiHeadSelfAttention",
-    "PatchEncoder",
-    "PositionEmbedding",
-    "StdConv2D",
-    "TokenPooling",
-    "TransformerBlock",
-    "VARIANTS",
-    "ViTConfig",
-    "WeightsIntegrityError",
-    "WeightsUnavailableError",
-    "build_vit",
-    "create_model",
-    "decode_predictions",
-    "export_serving",
-    "inspect_checkpoint",
-    "list_models",
-    "list_pretrained",
-    "load_checkpoint",
-    "load_image",
-    "load_weights",
-    "preprocess_input",
-    "resize_pos_embed",
-    "vit_b8",
-    "vit_b16",
-    "vit_b32",
-    "vit_h14",
-    "vit_l16",
-    "vit_l32",
-    "vit_r26_b32",
-    "vit_r26_s32",
-    "vit_r50_b16",
-    "vit_r50_l32",
-    "vit_r_ti16",
-    "vit_s16",
-    "vit_s32",
-    "vit_ti16",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "BottleneckUnit": "hybrid",
+    "StdConv2D": "hybrid",
+    "CheckpointError": "converters",
+    "inspect_checkpoint": "converters",
+    "load_checkpoint": "converters",
+    "export_serving": "export",
+    "ClassToken": "layers",
+    "DropPath": "layers",
+    "MultiHeadSelfAttention": "layers",
+    "PatchEncoder": "layers",
+    "PositionEmbedding": "layers",
+    "TokenPooling": "layers",
+    "TransformerBlock": "layers",
+    "ViT": "models",
+    "build_vit": "models",
+    "create_model": "models",
+    "load_model": "saving",
+    "resize_pos_embed": "pos_embed",
+    "decode_predictions": "preprocessing",
+    "load_image": "preprocessing",
+    "Preprocessing": "preprocessing",
+    "preprocess_input": "preprocessing",
+    "WeightsIntegrityError": "pretrained",
+    "WeightsUnavailableError": "pretrained",
+    "list_pretrained": "pretrained",
+    "load_weights": "pretrained",
+    **{variant: "models" for variant in VARIANTS},
+}
+# Submodules reachable as attributes (`keras_vit.data`, ...). `keras_vit.inspect` is left out of
+# __all__: a star import must not hide the standard library's `inspect`.
+_SUBMODULES = ("data", "defaults", "evaluate", "inspect", "pretrain", "recipes", "training")
+
+__all__ = sorted(["VARIANTS", "ViTConfig", "list_models", *_EXPORTS])
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"keras_vit.{name}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"keras_vit.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+
+
+if "keras" in sys.modules:  # Keras is loaded anyway: register our classes for keras.saving now
+    importlib.import_module("keras_vit.saving").register()

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from keras_vit import defaults
+
 if __name__ == "__main__" and not __package__:
     # Run as `python keras_vit/cli.py`: sys.path[0] is the package folder, where
     # keras_vit/inspect.py would hide the standard library's `inspect`; use the folder above.
@@ -25,12 +27,13 @@ def _pretrained_arg(value: str):
 def _cmd_models(args) -> int:
     from keras_vit.variants import VARIANTS
 
-    print(f"{'model':<12} {'D':>5} {'layers':>6} {'heads':>5} {'MLP':>5} {'patch':>5}  ResNet stages")
+    header = f"{'model':<12} {'D':>5} {'layers':>6} {'heads':>5} {'MLP':>5} {'px/token':>8} {'size':>5}"
+    print(f"{header}  ResNet stages")
     for name, config in sorted(VARIANTS.items()):
         stages = "" if config.resnet_stages is None else str(config.resnet_stages)
         print(
             f"{name:<12} {config.hidden_size:>5} {config.depth:>6} {config.num_heads:>5} "
-            f"{config.mlp_dim:>5} {config.patch_size:>5}  {stages}"
+            f"{config.mlp_dim:>5} {config.stride:>8} {config.image_hw[0]:>5}  {stages}"
         )
     return 0
 
@@ -61,16 +64,13 @@ def _cmd_predict(args) -> int:
     if args.saved_model:
         return _predict_saved_model(args)
     import keras_vit
-    from keras_vit.pretrained import model_entry
+    from keras_vit.preprocessing import Preprocessing
 
     model = keras_vit.create_model(args.model, args.weights)
-    entry = model_entry(model)
-    height, width = model.input_shape[1:3]
-    crop_pct = entry.crop_pct if entry is not None else 0.9
-    interpolation = (entry.interpolation if entry is not None else None) or "bicubic"
+    spec = Preprocessing.for_model(model)  # the checkpoint's, else the package default
     for path in args.images:
-        image = keras_vit.load_image(path, (height, width), crop_pct, interpolation)
-        logits = model.predict(keras_vit.preprocess_input(image[None], model), verbose=0)
+        image = keras_vit.load_image(path, spec)
+        logits = model.predict(keras_vit.preprocess_input(image[None], spec), verbose=0)
         print(path)
         for index, name, probability in keras_vit.decode_predictions(logits, args.top, model)[0]:
             print(f"  {probability:7.2%}  {index:>5}  {name}")
@@ -259,7 +259,7 @@ def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: s
         help="random horizontal flips (default: on, off for digits)",
     )
     schedule = parser.add_argument_group("optimisation")
-    schedule.add_argument("--batch-size", type=int, default=64, help="global batch")
+    schedule.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="global batch")
     length = schedule.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, default=None)
     length.add_argument(
@@ -274,17 +274,15 @@ def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: s
 def _add_strategy_arguments(run) -> None:
     run.add_argument(
         "--strategy",
-        choices=("auto", "default", "one_device", "mirrored", "multi_worker", "tpu"),
+        choices=defaults.STRATEGIES,
         default="auto",
         help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
     )
-    run.add_argument("--precision", choices=("float32", "mixed_bfloat16", "mixed_float16"), default="float32")
+    run.add_argument("--precision", choices=defaults.PRECISIONS, default=defaults.PRECISIONS[0])
 
 
 def _add_training_parser(commands, name: str) -> None:
     """`train` (from scratch, AdamW recipe) or `finetune` (from a checkpoint, SGD recipe)."""
-    from keras_vit import training
-
     finetune = name == "finetune"
     parser = commands.add_parser(
         name,
@@ -292,7 +290,7 @@ def _add_training_parser(commands, name: str) -> None:
         if finetune
         else "train a ViT from scratch (AdamW recipe); no arguments: the digits main job",
     )
-    model = _add_model_arguments(parser, "vit_b16" if finetune else "vit_digits")
+    model = _add_model_arguments(parser, defaults.FINETUNE_MODEL if finetune else defaults.TRAIN_MODEL)
     model.add_argument(
         "--pretrained",
         type=_pretrained_arg,
@@ -304,24 +302,28 @@ def _add_training_parser(commands, name: str) -> None:
         "--drop-path",
         type=float,
         default=None,
-        help=f"stochastic depth rate (default {training.SCRATCH_DROP_PATH} from scratch, 0 fine-tuning)",
+        help=f"stochastic depth rate (default {defaults.SCRATCH_DROP_PATH} from scratch, 0 fine-tuning)",
     )
     dataset, schedule = _add_data_and_length_arguments(
         parser,
         "digits (scikit-learn, offline), an image folder with train/ and test/, or a prepared tfds name",
         "default: the model's or checkpoint's",
-        training.DEFAULT_EPOCHS,
+        defaults.TRAIN_EPOCHS,
     )
     dataset.add_argument("--test-split", default="test", help="the held-out split evaluated at the end")
     schedule.add_argument(
         "--learning-rate", "--lr", type=float, default=None, help="peak LR (default 3e-3, 0.01 to fine-tune)"
     )
     schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
-    schedule.add_argument("--weight-decay", type=float, default=0.05, help="AdamW decoupled weight decay")
-    schedule.add_argument("--label-smoothing", type=float, default=0.1)
+    schedule.add_argument(
+        "--weight-decay", type=float, default=defaults.WEIGHT_DECAY, help="AdamW decoupled weight decay"
+    )
+    schedule.add_argument("--label-smoothing", type=float, default=defaults.LABEL_SMOOTHING)
     schedule.add_argument("--ema", type=float, default=None, help="Polyak averaging momentum, e.g. 0.9999")
     run = parser.add_argument_group("run")
-    run.add_argument("--output-dir", default="vit_run", help="model.keras, report.json, logs/, backup/")
+    run.add_argument(
+        "--output-dir", default=defaults.TRAIN_OUTPUT_DIR, help="model.keras, report.json, logs/, backup/"
+    )
     _add_strategy_arguments(run)
     run.add_argument(
         "--jit-compile",
@@ -377,35 +379,46 @@ def _cmd_pretrain(args) -> int:
 
 def _add_pretraining_parser(commands) -> None:
     """`pretrain`: self-supervised masked patch prediction on unlabeled images (paper §4.6)."""
-    from keras_vit import pretrain
-
     parser = commands.add_parser(
         "pretrain",
         help="self-supervised pre-training by masked patch prediction (labels unused); writes backbone.keras",
     )
-    _add_model_arguments(parser, "vit_digits")
+    _add_model_arguments(parser, defaults.TRAIN_MODEL)
     task = parser.add_argument_group("task")
     task.add_argument(
         "--target",
-        choices=("mean_color", "grid_4x4", "regression"),
-        default="mean_color",
+        choices=defaults.MPP_TARGETS,
+        default=defaults.MPP_TARGETS[0],
         help="3-bit mean colour (paper), 4x4 grid of 3-bit colours, or L2 on the patch pixels",
     )
-    task.add_argument("--bits", type=int, default=3, help="bits per channel of the colour targets")
-    task.add_argument("--corrupt-rate", type=float, default=0.5, help="share of patches corrupted per image")
-    task.add_argument("--mask-rate", type=float, default=0.8, help="of those, share set to [mask]")
-    task.add_argument("--random-rate", type=float, default=0.1, help="of those, share set to another patch")
+    for flag, kind, default, text in (
+        ("--bits", int, defaults.MPP_BITS, "bits per channel of the colour targets"),
+        ("--corrupt-rate", float, defaults.MPP_CORRUPT_RATE, "share of patches corrupted per image"),
+        ("--mask-rate", float, defaults.MPP_MASK_RATE, "of those, share set to [mask]"),
+        ("--random-rate", float, defaults.MPP_RANDOM_RATE, "of those, share set to another patch"),
+    ):
+        task.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
     _, schedule = _add_data_and_length_arguments(
         parser,
         "digits (train split), an image folder (train/ if present) or a prepared tfds name",
         "default: the model's",
-        pretrain.DEFAULT_EPOCHS,
+        defaults.PRETRAIN_EPOCHS,
     )
-    schedule.add_argument("--learning-rate", "--lr", type=float, default=2e-4, help="peak LR (paper: 2e-4)")
+    schedule.add_argument(
+        "--learning-rate",
+        "--lr",
+        type=float,
+        default=defaults.PRETRAIN_LEARNING_RATE,
+        help="peak LR (paper: 2e-4)",
+    )
     schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
     schedule.add_argument("--weight-decay", type=float, default=0.0, help="> 0: AdamW on kernels")
     run = parser.add_argument_group("run")
-    run.add_argument("--output-dir", default="vit_mpp", help="backbone.keras, report.json, logs/, backup/")
+    run.add_argument(
+        "--output-dir",
+        default=defaults.PRETRAIN_OUTPUT_DIR,
+        help="backbone.keras, report.json, logs/, backup/",
+    )
     _add_strategy_arguments(run)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
@@ -463,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspection.add_argument(
         "--discard-ratio", type=float, default=0.0, help="rollout: drop the weakest weights"
     )
-    inspection.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
+    inspection.add_argument("--head-fusion", choices=defaults.HEAD_FUSIONS, default=defaults.HEAD_FUSIONS[0])
     inspection.set_defaults(run=_cmd_inspect)
 
     export = commands.add_parser(

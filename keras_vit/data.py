@@ -15,8 +15,11 @@ are drawn from `(seed, pass, position in pass)`. Epoch `e` is the stretch of bat
 `start_epoch=k` yields exactly what an uninterrupted run yields from epoch `k` on: the basis
 of exact resume with epoch-granular backups. Nothing depends on TensorFlow's global seed.
 
-`eval_pipeline` resizes and centre-crops like timm's evaluation transform, and
-`normalisation_for` reads the mean/std a pretrained checkpoint expects. `distribute` hands a
+`eval_pipeline` preprocesses with a checkpoint's `keras_vit.preprocessing.Preprocessing` spec
+(resize, centre crop as timm's evaluation transform, normalisation), through the TensorFlow
+implementation the exported SavedModel runs: its batches equal `load_image` +
+`preprocess_input` with the same spec, exactly. `normalisation_for` reads the mean/std a
+pretrained checkpoint expects. `distribute` hands a
 pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
 """
 
@@ -29,11 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
+from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.pretrained import model_entry
+from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
 
 __all__ = [
     "DataNotPreparedError",
+    "Preprocessing",
     "Source",
     "distribute",
     "epoch_steps",
@@ -155,8 +160,8 @@ def from_arrays(
 
 
 def _decode_file(path: tf.Tensor) -> tf.Tensor:
-    image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-    return tf.ensure_shape(image, (None, None, 3))
+    """Decode a file as Pillow does (JPEG with the accurate IDCT): the pixels `load_image` reads."""
+    return tf.ensure_shape(decode_image(tf.io.read_file(path), channels=3), (None, None, 3))
 
 
 def from_directory(path: str | os.PathLike) -> Source:
@@ -164,7 +169,8 @@ def from_directory(path: str | os.PathLike) -> Source:
 
     Classes are the sub-folders in alphanumeric order (label i = i-th folder); images are the
     files below each (searched recursively) with extension bmp, gif (first frame), jpeg, jpg
-    or png, in sorted order. Files are decoded when read, so the folder can exceed memory.
+    or png, in sorted order. Files are decoded when read, so the folder can exceed memory, and
+    as Pillow decodes them (`keras_vit.tf_preprocessing.decode_image`).
     """
     root = os.fspath(path)
     if not os.path.isdir(root):
@@ -286,7 +292,8 @@ def normalisation_for(model_or_tag=None) -> tuple[tuple[float, ...], tuple[float
     """`(mean, std)` a checkpoint expects, from the pretrained catalog (`keras_vit.pretrained`).
 
     Accepts a full catalog tag, a model built with `pretrained=...`, or `None`; anything not
-    in the catalog gets the Google normalisation (mean = std = 0.5, inputs in [-1, 1]).
+    in the catalog gets the package default (mean = std = 0.5, inputs in [-1, 1]). The
+    same values as `Preprocessing.for_model(model_or_tag)`'s `mean` and `std`.
     """
     entry = model_entry(model_or_tag)
     if entry is None:
@@ -428,51 +435,53 @@ def train_pipeline(
     return _with_policy(stream, ShardPolicy.DATA)
 
 
-def _resize_and_crop(image, height: int, width: int, crop_pct: float | None, interpolation: str):
-    """As `keras_vit.load_image`: shorter side to size / crop_pct, centre crop (or a plain resize)."""
-    if not crop_pct or crop_pct >= 1.0:
-        return tf.image.resize(image, (height, width), method=interpolation, antialias=True)
-    shape = tf.cast(tf.shape(image)[:2], tf.float64)
-    scale = max(height, width) / crop_pct / tf.reduce_min(shape)
-    new_height = tf.maximum(height, tf.cast(tf.round(shape[0] * scale), tf.int32))
-    new_width = tf.maximum(width, tf.cast(tf.round(shape[1] * scale), tf.int32))
-    image = tf.image.resize(image, (new_height, new_width), method=interpolation, antialias=True)
-    top, left = (new_height - height) // 2, (new_width - width) // 2
-    return tf.ensure_shape(image[top : top + height, left : left + width], (height, width, 3))
-
-
 def eval_pipeline(
     source: Source,
+    spec: Preprocessing | None = None,
     *,
-    image_size: int | Sequence[int],
     batch_size: int,
-    mean: Sequence[float] = GOOGLE_MEAN,
-    std: Sequence[float] = GOOGLE_STD,
-    crop_pct: float | None = 0.875,
-    interpolation: str = "bilinear",
+    image_size: int | Sequence[int] | None = None,
+    mean: Sequence[float] = UNSET,
+    std: Sequence[float] = UNSET,
+    crop_pct: float | None = UNSET,
+    interpolation: str = UNSET,
     cache: bool = False,
 ) -> tf.data.Dataset:
     """Evaluation batches `(float32 (B, H, W, 3), int32 (B,))` in stored order, one pass.
 
-    Resize the shorter side to `image_size / crop_pct` and keep the centre crop, as timm's
-    eval transform and `keras_vit.load_image` (`crop_pct=None`: plain resize to
-    `image_size`); the checkpoint's values are in its catalog row (`crop_pct`,
-    `interpolation`). The last batch keeps the remainder. `cache=True` keeps the resized
-    uint8 images in memory after the first pass (cached after decode + resize, before
+    Each image is preprocessed as `spec` says (`keras_vit.preprocessing.Preprocessing`, e.g.
+    `Preprocessing.for_model(model)`): shorter side resized to `image_size / crop_pct` and the
+    centre crop kept, as timm's eval transform (`crop_pct=None`: plain resize to
+    `image_size`), then normalised. It runs `keras_vit.tf_preprocessing.ImagePreprocessing`,
+    the code the exported SavedModel runs, so the batches equal
+    `preprocess_input(load_image(image, spec), spec)` exactly. Without a spec, `image_size`
+    gives the package default spec at that size (crop 0.9, bicubic, mean = std = 0.5).
+    `image_size`, `mean`, `std`, `crop_pct` and `interpolation`, when given, replace the
+    spec's fields. The last batch keeps the remainder. `cache=True` keeps the resized uint8
+    images in memory after the first pass (cached after decode + resize, before
     normalisation and batching: the costly steps run once, at a quarter of float32 memory).
     """
-    _check_interpolation(interpolation)
-    height, width = _size_pair(image_size)
-    normalise = _normaliser(mean, std)
+    if spec is None:
+        if image_size is None:
+            raise ValueError(
+                "eval_pipeline needs a spec (keras_vit.preprocessing.Preprocessing) or an image_size."
+            )
+        spec = Preprocessing(image_size)
+    elif image_size is not None:
+        spec = spec.replace(image_size=image_size)
+    preprocessing = ImagePreprocessing.from_spec(
+        as_spec(spec, mean=mean, std=std, crop_pct=crop_pct, interpolation=interpolation)
+    )
 
     def resize(image, label):
-        image = _resize_and_crop(image, height, width, crop_pct, interpolation)
-        return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8), label
+        return preprocessing.resize(image[None])[0], label
 
     dataset = source.dataset.map(resize, num_parallel_calls=AUTOTUNE)
     if cache:
         dataset = dataset.cache()
-    dataset = dataset.map(lambda image, label: (normalise(image), label), num_parallel_calls=AUTOTUNE)
+    dataset = dataset.map(
+        lambda image, label: (preprocessing.normalize(image), label), num_parallel_calls=AUTOTUNE
+    )
     dataset = dataset.batch(batch_size).prefetch(AUTOTUNE)
     return _with_policy(dataset, source.shard_policy)
 

@@ -29,6 +29,8 @@ import os
 import keras
 import tensorflow as tf
 
+from keras_vit.defaults import STRATEGIES
+
 __all__ = [
     "STRATEGIES",
     "StrategyError",
@@ -39,7 +41,6 @@ __all__ = [
     "tf_config_workers",
 ]
 
-STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
 
 # Keras versions with the bugs fixed below, checked against the source of 3.15.1; raise the
 # upper bound only after checking that a newer release still has them.

@@ -25,6 +25,7 @@ import numpy as np
 
 from keras_vit.data import Source, eval_pipeline
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
+from keras_vit.variants import config_of
 
 __all__ = ["feature_model", "few_shot", "least_squares_accuracy", "ridge_weights"]
 
@@ -32,23 +33,19 @@ BIAS_CONSTANT = 100.0
 
 
 def feature_model(model: keras.Model) -> keras.Model:
-    """The sub-model of a ViT classifier that returns its pooled pre-head representation `(B, D)`.
+    """The sub-model of a ViT that returns its pooled pre-head representation `(B, D)` (`ViT.feature_model`).
 
-    Uses the output of `pre_logits` if present, else of `pool`, else token 0 of
-    `encoder_norm` (a model built with `pooling=None`). A model without any of those
-    layers raises `ValueError`: pass a feature function to `few_shot` instead.
+    The output of `pre_logits` if present, else of `pool`, else token 0 after the final
+    LayerNorm (a model built with `pooling=None`). Any other model raises `ValueError`: pass a
+    feature function to `few_shot` instead.
     """
-    names = {layer.name for layer in model.layers}
-    for name in ("pre_logits", "pool"):
-        if name in names:
-            return keras.Model(model.input, model.get_layer(name).output, name=f"{model.name}_features")
-    if "encoder_norm" in names:
-        tokens = model.get_layer("encoder_norm").output
-        return keras.Model(model.input, tokens[:, 0], name=f"{model.name}_features")
-    raise ValueError(
-        f"{model.name} has no 'pre_logits', 'pool' or 'encoder_norm' layer, so its representation is "
-        "unknown: pass a function mapping image batches to (batch, features) instead."
-    )
+    try:
+        config_of(model)
+    except ValueError as error:
+        raise ValueError(
+            f"{error} Or pass few_shot a function mapping image batches to (batch, features)."
+        ) from None
+    return model.feature_model()
 
 
 def ridge_weights(features: np.ndarray, targets: np.ndarray, l2_reg: float) -> np.ndarray:

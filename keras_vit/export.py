@@ -17,19 +17,15 @@ softmax; a head with an activation (softmax, sigmoid) is taken as giving scores 
 `assets.extra/tf_serving_warmup_requests` holds one warm-up `PredictionLog` per signature,
 so TF Serving traces each one when it loads the model, not on the first client request.
 
-Preprocessing in the graph (`ImagePreprocessing`) is `keras_vit.load_image` +
-`keras_vit.preprocess_input` with the checkpoint's settings (`keras_vit.pretrained.model_entry`;
-a model without a catalog row gets crop_pct 0.9, bicubic and mean = std = 0.5, as
-`keras-vit predict`): the shorter side resized to `size / crop_pct`, the centre crop kept
-(`crop_pct` None: resized straight to the input size), then `(x / 255 - mean) / std`.
-The resize reproduces Pillow's: TensorFlow's antialiased resize (`antialias=True`, Keys
-cubic or triangle kernel, the kernels Pillow uses) done as Pillow does it, width first, then
-height, each pass rounded to uint8. On the scikit-image / scikit-learn sample photos the
-result differs from `load_image` by at most 1 grey level (mean at most 0.012 levels), the
-residue of Pillow's fixed-point arithmetic; one antialiased pass differs by up to 8 levels,
-a plain `tf.image.resize` (no antialiasing) by up to 178 when shrinking. Encoded files are
-decoded as Pillow decodes them (`decode_image`), so `serving_bytes` on a file sees the
-pixels `load_image` sees, to that 1 level.
+Preprocessing in the graph is the model's `keras_vit.preprocessing.Preprocessing` spec (its
+catalog row's settings, or the package default: crop 0.9, bicubic, mean = std = 0.5), the one
+`keras_vit.load_image` + `keras_vit.preprocess_input` and `keras_vit.data.eval_pipeline` use,
+run by `keras_vit.tf_preprocessing.ImagePreprocessing`: the shorter side resized to
+`size / crop_pct`, the centre crop kept (`crop_pct` None: resized straight to the input size),
+then `(x / 255 - mean) / std`. The resize is Pillow's, reproduced bit for bit (its fixed-point
+coefficients and pass order), so `serving_default` on a uint8 image gives exactly the float32
+input `preprocess_input(load_image(image, spec))` gives. Encoded files are decoded as Pillow
+decodes them (`decode_image`), so `serving_bytes` on a file sees the pixels `load_image` sees.
 """
 
 from __future__ import annotations
@@ -38,14 +34,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, LABEL_SETS, imagenet1k_labels
+from keras_vit.preprocessing import LABEL_SETS, Preprocessing, imagenet1k_labels
 from keras_vit.pretrained import model_entry
+from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
 
 __all__ = [
     "BYTES_SIGNATURE",
@@ -63,95 +59,24 @@ DEFAULT_SIGNATURE = "serving_default"
 BYTES_SIGNATURE = "serving_bytes"
 PREPROCESSED_SIGNATURE = "serving_preprocessed"
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
-INTERPOLATIONS = ("bicubic", "bilinear")
-_DEFAULT_CROP_PCT = 0.9
-_DEFAULT_INTERPOLATION = "bicubic"
-
-
-@dataclass(frozen=True)
-class ImagePreprocessing:
-    """The in-graph twin of `load_image` + `preprocess_input` for one model input size.
-
-    Calling it maps a uint8 batch `(batch, height, width, channels)` of any size to the
-    model's float32 input `(batch, H, W, channels)`; it runs eagerly too, which is how the
-    served graph is checked against `model.predict`.
-    """
-
-    image_size: tuple[int, int]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    crop_pct: float | None
-    interpolation: str
-
-    def resize(self, images: tf.Tensor) -> tf.Tensor:
-        """Resize (shorter side to `size / crop_pct`) and centre-crop a uint8 batch, as Pillow would."""
-        height, width = self.image_size
-        shape = tf.shape(images)
-        in_height, in_width = shape[1], shape[2]
-        tf.debugging.assert_positive(
-            tf.minimum(in_height, in_width), message="images must have a positive height and width"
-        )
-        if self.crop_pct is None:
-            new_height, new_width = tf.constant(height), tf.constant(width)
-        else:
-            # load_image's arithmetic in float64, in its order; tf.round is round-half-to-even like round().
-            scale = tf.constant(max(height, width) / self.crop_pct, tf.float64) / tf.cast(
-                tf.minimum(in_height, in_width), tf.float64
-            )
-            new_width = tf.maximum(width, tf.cast(tf.round(tf.cast(in_width, tf.float64) * scale), tf.int32))
-            new_height = tf.maximum(
-                height, tf.cast(tf.round(tf.cast(in_height, tf.float64) * scale), tf.int32)
-            )
-        pixels = tf.cast(images, tf.float32)
-        # Pillow resamples width first, then height, rounding to uint8 in between.
-        for size in ((in_height, new_width), (new_height, new_width)):
-            pixels = tf.image.resize(pixels, size, method=self.interpolation, antialias=True)
-            pixels = tf.clip_by_value(tf.round(pixels), 0.0, 255.0)
-        top, left = (new_height - height) // 2, (new_width - width) // 2
-        cropped = pixels[:, top : top + height, left : left + width, :]
-        cropped = tf.ensure_shape(cropped, (None, height, width, images.shape[-1]))
-        return tf.cast(cropped, tf.uint8)
-
-    def normalize(self, images: tf.Tensor) -> tf.Tensor:
-        """`(x / 255 - mean) / std` in float32, the same operations as `keras_vit.preprocessing.normalize`."""
-        channels = images.shape[-1]
-        mean = tf.constant(np.resize(np.asarray(self.mean, "float32"), channels))
-        std = tf.constant(np.resize(np.asarray(self.std, "float32"), channels))
-        return (tf.cast(images, tf.float32) / 255.0 - mean) / std
-
-    def __call__(self, images: tf.Tensor) -> tf.Tensor:
-        return self.normalize(self.resize(images))
-
-
-def decode_image(data: tf.Tensor, channels: int = 3) -> tf.Tensor:
-    """Decode one encoded image to uint8 `(height, width, channels)` as Pillow does.
-
-    JPEG goes through libjpeg-turbo's accurate integer IDCT, Pillow's choice: the pixels are
-    then identical to `PIL.Image.open(...).convert("RGB")` (TensorFlow's default fast IDCT is
-    off by about 1 grey level on average, up to 18). PNG, GIF (first frame), BMP and WebP use
-    `tf.io.decode_image`. A string that is no image raises `InvalidArgumentError`.
-    """
-    return tf.cond(
-        tf.io.is_jpeg(data),
-        lambda: tf.io.decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE"),
-        lambda: tf.io.decode_image(data, channels=channels, expand_animations=False),
-    )
 
 
 def image_preprocessing(
     model: keras.Model,
+    spec: Preprocessing | None = None,
     *,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     crop_pct: float | None = None,
     interpolation: str | None = None,
 ) -> ImagePreprocessing:
-    """The preprocessing `export_serving` puts in the graph for `model`.
+    """The preprocessing `export_serving` puts in the graph for `model`: its spec, in TensorFlow.
 
-    Each argument left `None` comes from the model's catalog row (`model_entry`), or else
-    the defaults of `keras-vit predict`: mean = std = 0.5, crop_pct 0.9, bicubic. `crop_pct`
-    1.0 (or a catalog row without one, e.g. the Hugging Face rows) resizes straight to the
-    input size.
+    `spec` defaults to `Preprocessing.for_model(model)`: the model's catalog row
+    (`keras_vit.pretrained.model_entry`), or else the package default at the model's input
+    size (mean = std = 0.5, crop_pct 0.9, bicubic, as `keras-vit predict`). Each of `mean`,
+    `std`, `crop_pct`, `interpolation` that is not `None` replaces the spec's; `crop_pct` 1.0
+    resizes straight to the input size. The spec's `image_size` must be the model's.
     """
     shape = model.input_shape
     if not isinstance(shape, tuple) or len(shape) != 4 or None in shape[1:]:
@@ -159,29 +84,17 @@ def image_preprocessing(
             f"export needs a model with one image input (batch, height, width, channels) of fixed "
             f"size, got input shape {shape}: build it with a fixed image_size."
         )
-    entry = model_entry(model)
-    if mean is None:
-        mean = entry.mean if entry is not None else GOOGLE_MEAN
-    if std is None:
-        std = entry.std if entry is not None else GOOGLE_STD
-    if crop_pct is None:
-        crop_pct = entry.crop_pct if entry is not None else _DEFAULT_CROP_PCT
-    if interpolation is None:
-        interpolation = (entry.interpolation if entry is not None else None) or _DEFAULT_INTERPOLATION
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {interpolation!r}.")
-    if crop_pct is not None and not 0.0 < crop_pct <= 1.0:
-        raise ValueError(f"crop_pct must be in (0, 1] (1.0: no crop), got {crop_pct!r}.")
-    mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
-    if min(std) <= 0.0:
-        raise ValueError(f"std must be positive, got {std}.")
-    return ImagePreprocessing(
-        image_size=(int(shape[1]), int(shape[2])),
-        mean=mean,
-        std=std,
-        crop_pct=None if crop_pct is None or crop_pct >= 1.0 else float(crop_pct),
-        interpolation=interpolation,
-    )
+    if spec is None:
+        spec = Preprocessing.for_model(model)
+    elif not isinstance(spec, Preprocessing):
+        raise TypeError(f"spec must be a keras_vit.preprocessing.Preprocessing, got {type(spec).__name__}.")
+    if spec.image_size != (int(shape[1]), int(shape[2])):
+        raise ValueError(
+            f"The preprocessing spec resizes to {spec.image_size} but the model takes {tuple(shape[1:3])}."
+        )
+    overrides = {"mean": mean, "std": std, "crop_pct": crop_pct, "interpolation": interpolation}
+    spec = spec.replace(**{name: value for name, value in overrides.items() if value is not None})
+    return ImagePreprocessing.from_spec(spec)
 
 
 def _class_names(model: keras.Model, labels: Sequence[str] | None, num_classes: int) -> list[str] | None:
@@ -283,6 +196,7 @@ def export_serving(
     std: Sequence[float] | None = None,
     crop_pct: float | None = None,
     interpolation: str | None = None,
+    spec: Preprocessing | None = None,
     warmup: bool = True,
     model_name: str | None = None,
     overwrite: bool = False,
@@ -297,6 +211,8 @@ def export_serving(
         labels: class names in head order; default: the checkpoint's (ImageNet-1k names for a
             1000-class model from a catalog tag), else no `top_k_classes` output.
         mean, std, crop_pct, interpolation: preprocessing overrides (`image_preprocessing`).
+        spec: the `keras_vit.preprocessing.Preprocessing` to run in the graph, default the
+            model's (`Preprocessing.for_model(model)`); the overrides apply on top of it.
         warmup: write `assets.extra/tf_serving_warmup_requests` (needs tensorflow-serving-api).
         model_name: the model name in the warm-up requests, default the export directory's name.
         overwrite: replace an existing version directory.
@@ -326,7 +242,7 @@ def export_serving(
             f"top_k must be an int in [1, {num_classes}] (the number of classes), got {top_k!r}."
         )
     preprocessing = image_preprocessing(
-        model, mean=mean, std=std, crop_pct=crop_pct, interpolation=interpolation
+        model, spec, mean=mean, std=std, crop_pct=crop_pct, interpolation=interpolation
     )
     names = _class_names(model, labels, num_classes)
     if warmup:

@@ -38,6 +38,8 @@ __all__ = [
     "BottleneckUnit",
     "feature_map_size",
     "resnet_stem",
+    "stem_layer_names",
+    "stem_units",
 ]
 
 _PACKAGE = "keras_vit"
@@ -237,48 +239,55 @@ class BottleneckUnit(keras.layers.Layer):
 def _check_hybrid(config: ViTConfig) -> StemNumerics:
     if not config.is_hybrid:
         raise ValueError(f"{config.name} is not a hybrid: it has no ResNet stem (resnet_stages=None).")
-    try:
-        return STEM_NUMERICS[config.stem_numerics]
-    except KeyError:
-        raise ValueError(
-            f"{config.name}: unknown stem_numerics {config.stem_numerics!r}; use one of "
-            f"{sorted(STEM_NUMERICS)}."
-        ) from None
+    return STEM_NUMERICS[config.stem_numerics]
 
 
 def feature_map_size(config: ViTConfig, height: int, width: int) -> tuple[int, int]:
     """Size of the ResNet feature map for a `height` x `width` image (each stride-2 step: ceil(n/2))."""
     _check_hybrid(config)
-    steps = 2 + max(len(config.resnet_stages) - 1, 0)  # conv_root, max-pool, stages 2..
-    for _ in range(steps):
-        height, width = -(-height // 2), -(-width // 2)
-    return height, width
+    return config.feature_map_size(height, width)
+
+
+def stem_units(config: ViTConfig) -> list[tuple[int, int]]:
+    """`(stage, unit)` of every bottleneck unit, both from 1, in order."""
+    _check_hybrid(config)
+    return [
+        (stage, unit) for stage, units in enumerate(config.resnet_stages, 1) for unit in range(1, units + 1)
+    ]
+
+
+def stem_layer_names(config: ViTConfig) -> dict[str, str]:
+    """Original checkpoint name (`conv_root`, `gn_root`, `block{s}/unit{u}`) -> Keras layer name, in order."""
+    names = {"conv_root": f"{PREFIX}conv_root", "gn_root": f"{PREFIX}gn_root"}
+    for stage, unit in stem_units(config):
+        names[f"block{stage}/unit{unit}"] = f"{PREFIX}block{stage}_unit{unit}"
+    return names
 
 
 def resnet_stem(images: keras.KerasTensor, config: ViTConfig) -> keras.KerasTensor:
     """Apply the hybrid's BiT ResNet (root + `config.resnet_stages`) to `images`, in a functional graph."""
     numerics = _check_hybrid(config)
+    names = stem_layer_names(config)
     features = StdConv2D(
         STEM_WIDTH,
         7,
         2,
         epsilon=numerics.epsilon,
         epsilon_mode=numerics.epsilon_mode,
-        name=f"{PREFIX}conv_root",
+        name=names["conv_root"],
     )(images)
     features = keras.layers.GroupNormalization(
-        groups=GROUPS, epsilon=numerics.group_norm_epsilon, name=f"{PREFIX}gn_root"
+        groups=GROUPS, epsilon=numerics.group_norm_epsilon, name=names["gn_root"]
     )(features)
     features = keras.layers.ReLU(name=f"{PREFIX}relu_root")(features)
     features = keras.layers.MaxPooling2D(3, strides=2, padding="same", name=f"{PREFIX}pool_root")(features)
-    for stage, units in enumerate(config.resnet_stages, start=1):
-        for unit in range(1, units + 1):
-            features = BottleneckUnit(
-                STEM_WIDTH * 2 ** (stage - 1),
-                strides=2 if stage > 1 and unit == 1 else 1,
-                epsilon=numerics.epsilon,
-                epsilon_mode=numerics.epsilon_mode,
-                group_norm_epsilon=numerics.group_norm_epsilon,
-                name=f"{PREFIX}block{stage}_unit{unit}",
-            )(features)
+    for stage, unit in stem_units(config):
+        features = BottleneckUnit(
+            STEM_WIDTH * 2 ** (stage - 1),
+            strides=2 if stage > 1 and unit == 1 else 1,
+            epsilon=numerics.epsilon,
+            epsilon_mode=numerics.epsilon_mode,
+            group_norm_epsilon=numerics.group_norm_epsilon,
+            name=names[f"block{stage}/unit{unit}"],
+        )(features)
     return features

@@ -22,7 +22,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.defaults import HEAD_FUSIONS
 from keras_vit.layers import PositionEmbedding, TransformerBlock
+from keras_vit.variants import config_of
 
 __all__ = [
     "HEAD_FUSIONS",
@@ -37,8 +39,6 @@ __all__ = [
     "uniform_attention_distance",
 ]
 
-HEAD_FUSIONS = ("mean", "max", "min")
-
 
 @dataclass(frozen=True)
 class _Layout:
@@ -51,38 +51,11 @@ class _Layout:
 
 
 def _layout(model: keras.Model) -> _Layout:
-    try:
-        patch_embed = model.get_layer("patch_embed")
-    except ValueError:
-        raise ValueError(
-            f"Model {model.name!r} has no layer 'patch_embed', so it is not a keras_vit ViT: pass "
-            "the model built by keras_vit.create_model / build_vit (for a model that wraps a ViT, "
-            "the inner ViT, e.g. `outer.get_layer('vit_b16')`)."
-        ) from None
-    if len(model.inputs) != 1:
-        raise ValueError(f"Model {model.name!r} has {len(model.inputs)} inputs; a ViT has one image input.")
-    layers = model.layers[model.layers.index(patch_embed) :]
-    last_block = max(
-        (i for i, layer in enumerate(layers) if isinstance(layer, TransformerBlock)), default=None
-    )
-    if last_block is None:
-        raise ValueError(f"Model {model.name!r} has no TransformerBlock after 'patch_embed'.")
-    chain = tuple(layers[: last_block + 1])
-    for previous, layer in zip(chain[:-1], chain[1:], strict=True):
-        if layer.input is not previous.output:
-            raise ValueError(
-                f"Model {model.name!r}: layer {layer.name!r} does not take the output of "
-                f"{previous.name!r}; attention can only be read from the keras_vit layout "
-                "(patch_embed -> class_token -> pos_embed -> blocks)."
-            )
-    pos_embed = next((layer for layer in chain if isinstance(layer, PositionEmbedding)), None)
-    if pos_embed is None:
-        raise ValueError(
-            f"Model {model.name!r} has no PositionEmbedding between 'patch_embed' and the blocks."
-        )
-    image = model.inputs[0]
-    stem = None if patch_embed.input is image else keras.Model(image, patch_embed.input, name="stem")
-    return _Layout(stem, chain, pos_embed, tuple(image.shape[1:]))
+    config_of(model)
+    embedding = (model.patch_embed, model.class_token, model.pos_embed)  # dropout: identity at inference
+    chain = tuple(layer for layer in embedding if layer is not None) + tuple(model.blocks)
+    stem = keras.Model(model.input, model.patch_embed.input, name="stem") if model.config.is_hybrid else None
+    return _Layout(stem, chain, model.pos_embed, model.image_shape)
 
 
 def _check_images(images, layout: _Layout, model: keras.Model) -> np.ndarray:

@@ -1,4 +1,15 @@
-"""The ViT builder and the one-line factories for every variant."""
+"""The model contract: `ViT`, a functional `keras.Model` that carries its `ViTConfig` and names its parts.
+
+Everything that needs a model's architecture (converters, `pretrained`, inspection, masked-patch
+pre-training, few-shot evaluation) reads `model.config` and the role accessors (`stem`,
+`patch_embed`, `class_token`, `pos_embed`, `blocks`, `encoder_norm`, `pool`, `pre_logits`,
+`head`) instead of parsing layer names. `with_head` / `without_head` give a copy with another
+top; `feature_model` / `token_model` views that share the weights. A `.keras` round trip keeps
+the config (`get_config` holds the constructor's arguments, as keras_hub's backbones do).
+
+Factories: `create_model(name, ...)` over the registry `keras_vit.variants.VARIANTS`, and one
+generated function per registry row (`vit_b16`, `vit_r50_b16`, `vit_digits`, ...).
+"""
 
 from __future__ import annotations
 
@@ -8,51 +19,25 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
-from keras_vit.layers import (
-    ClassToken,
-    PatchEncoder,
-    PositionEmbedding,
-    TokenPooling,
-    TransformerBlock,
+from keras_vit.layers import ClassToken, PatchEncoder, PositionEmbedding, TokenPooling, TransformerBlock
+from keras_vit.variants import VARIANTS, ViTConfig, get_config, list_models
+
+__all__ = ["ViT", "build_vit", "classification_head", "create_model", "list_models", *VARIANTS]
+
+_PACKAGE = "keras_vit"
+# The model's own keyword arguments; every other keyword of `build_vit` / `create_model` that
+# names a `ViTConfig` field (image_size, pooling, class_token, stem_numerics, ...) changes the config.
+_MODEL_ARGUMENTS = (
+    "num_classes",
+    "include_top",
+    "representation_size",
+    "dropout",
+    "attention_dropout",
+    "drop_path_rate",
+    "classifier_activation",
+    "channels",
+    "pretrained_tag",
 )
-from keras_vit.pretrained import resolve_pretrained
-from keras_vit.variants import VARIANTS, ViTConfig, get_config
-
-POOLINGS = ("token", "gap", None)
-
-
-def _image_hw(image_size: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(image_size, (int, np.integer)):
-        height = width = int(image_size)
-    else:
-        try:
-            height, width = (int(side) for side in image_size)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"image_size must be an int or a (height, width) pair, got {image_size!r}."
-            ) from None
-    if height < 1 or width < 1:
-        raise ValueError(f"image_size must be positive, got {image_size!r}.")
-    return height, width
-
-
-def _token_grid(config: ViTConfig, height: int, width: int) -> tuple[int, int]:
-    """Patch grid for an image, with an error that proposes valid sizes."""
-    feature_hw = (height, width)
-    if config.is_hybrid:
-        from keras_vit.hybrid import feature_map_size
-
-        feature_hw = feature_map_size(config, height, width)
-    patch, stride = config.patch_size, config.stride
-    for axis, image_side, size in zip(("height", "width"), (height, width), feature_hw, strict=True):
-        if size % patch:
-            lower = max(stride, image_side // stride * stride)
-            feature_map = f" (ResNet feature map {size})" if config.is_hybrid else ""
-            raise ValueError(
-                f"{config.name}: image {axis} {image_side}{feature_map} is not divisible by the patch "
-                f"size {patch}; use a multiple of {stride}, e.g. image_size={lower} or {lower + stride}."
-            )
-    return feature_hw[0] // patch, feature_hw[1] // patch
 
 
 def classification_head(num_classes: int, classifier_activation: str | None = None) -> keras.layers.Dense:
@@ -66,86 +51,300 @@ def classification_head(num_classes: int, classifier_activation: str | None = No
     )
 
 
-def build_vit(
-    config: ViTConfig,
-    *,
-    image_size: int | Sequence[int] = 224,
-    num_classes: int = 1000,
-    include_top: bool = True,
-    pooling: str | None = "token",
-    representation_size: int | None = None,
-    dropout: float = 0.0,
-    attention_dropout: float = 0.0,
-    drop_path_rate: float = 0.0,
-    classifier_activation: str | None = None,
-    channels: int = 3,
-    name: str | None = None,
-) -> keras.Model:
-    """Assemble a Vision Transformer as a functional `keras.Model` from a variant config."""
-    if pooling not in POOLINGS:
-        raise ValueError(
-            f"Unknown pooling {pooling!r}: use 'token' (the [class] token), 'gap' (mean of the "
-            "patch tokens), or None (the token sequence, with include_top=False)."
-        )
-    if include_top and pooling is None:
-        raise ValueError("pooling=None returns the token sequence: it needs include_top=False.")
-    if include_top and (not isinstance(num_classes, (int, np.integer)) or num_classes < 1):
-        raise ValueError(f"num_classes must be a positive int with include_top=True, got {num_classes!r}.")
-    if not isinstance(channels, (int, np.integer)) or channels < 1:
-        raise ValueError(f"channels must be a positive int (3 for RGB, 1 for grayscale), got {channels!r}.")
-    height, width = _image_hw(image_size)
-    grid = _token_grid(config, height, width)
+def _positive_int(value, what: str, hint: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{what} must be a positive int{hint}, got {value!r}.")
+    return int(value)
 
-    images = keras.Input(shape=(height, width, channels), name="images")
-    features = images
-    if config.is_hybrid:
-        from keras_vit.hybrid import resnet_stem
 
-        features = resnet_stem(features, config)
-    tokens = PatchEncoder(config.patch_size, config.hidden_size, name="patch_embed")(features)
-    tokens = ClassToken(name="class_token")(tokens)
-    tokens = PositionEmbedding(grid, name="pos_embed")(tokens)
-    tokens = keras.layers.Dropout(dropout, name="pos_dropout")(tokens)
-    drop_path_rates = np.linspace(0.0, drop_path_rate, config.depth)
-    for index, rate in enumerate(drop_path_rates):
-        tokens = TransformerBlock(
-            config.num_heads,
-            config.mlp_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            drop_path=float(rate),
-            name=f"block_{index}",
-        )(tokens)
-    outputs = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(tokens)
-    if pooling is not None:
-        outputs = TokenPooling(pooling, name="pool")(outputs)
+def _rate(value, what: str) -> float:
+    rate = float(value)
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{what} must be in [0, 1), got {value!r}.")
+    return rate
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class ViT(keras.Model):
+    """A Vision Transformer (or hybrid ResNet+ViT) built from a `ViTConfig`.
+
+    Layout: [hybrids: the BiT ResNet `stem`] -> `patch_embed` -> `class_token` (if
+    `config.class_token`) -> `pos_embed` -> `pos_dropout` -> `blocks` -> `encoder_norm` ->
+    `pool` (`config.pooling`; absent for `None`, which outputs the token sequence) ->
+    `pre_logits` (with `representation_size`) -> `head` (with `include_top`).
+
+    Args:
+        config: the architecture, including `image_size`, `pooling` and `class_token`.
+        num_classes: classes of the zero-initialised float32 `head` (with `include_top`).
+        include_top: with `False` the model returns the pooled representation `(batch, D)`
+            (or `representation_size`), or with `pooling=None` the token sequence after the
+            final LayerNorm.
+        representation_size: width of the original ImageNet-21k checkpoints' pre-logits
+            Dense+tanh layer; `None` for none.
+        dropout, attention_dropout, drop_path_rate: regularisation; stochastic depth grows
+            linearly from 0 to `drop_path_rate` over the blocks.
+        classifier_activation: activation of the head, e.g. `"softmax"`; `None` gives logits.
+        channels: input channels (3 for RGB).
+        pretrained_tag: the catalog tag of the weights, set by the loaders (for preprocessing
+            and labels); kept by `.keras` saving.
+    """
+
+    def __init__(
+        self,
+        config: ViTConfig | dict,
+        *,
+        num_classes: int = 1000,
+        include_top: bool = True,
+        representation_size: int | None = None,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        drop_path_rate: float = 0.0,
+        classifier_activation: str | None = None,
+        channels: int = 3,
+        pretrained_tag: str | None = None,
+        name: str | None = None,
+        **kwargs,
+    ):
+        if isinstance(config, dict):
+            config = ViTConfig.from_dict(config)
+        if not isinstance(config, ViTConfig):
+            raise TypeError(f"config must be a keras_vit.ViTConfig, got {type(config).__name__}.")
+        if include_top and config.pooling is None:
+            raise ValueError("pooling=None returns the token sequence: it needs include_top=False.")
+        if include_top:
+            num_classes = _positive_int(num_classes, "num_classes", " with include_top=True")
+        channels = _positive_int(channels, "channels", " (3 for RGB, 1 for grayscale)")
         if representation_size:
-            outputs = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(outputs)
-    if include_top:
-        outputs = classification_head(num_classes, classifier_activation)(outputs)
-    return keras.Model(images, outputs, name=name or config.name)
+            representation_size = _positive_int(representation_size, "representation_size")
+        grid = config.token_grid()
+        height, width = config.image_hw
+
+        images = keras.Input(shape=(height, width, channels), name="images")
+        features = images
+        if config.is_hybrid:
+            from keras_vit.hybrid import resnet_stem
+
+            features = resnet_stem(features, config)
+        tokens = PatchEncoder(config.patch_size, config.hidden_size, name="patch_embed")(features)
+        if config.class_token:
+            tokens = ClassToken(name="class_token")(tokens)
+        tokens = PositionEmbedding(grid, num_prefix_tokens=config.num_prefix_tokens, name="pos_embed")(tokens)
+        tokens = keras.layers.Dropout(_rate(dropout, "dropout"), name="pos_dropout")(tokens)
+        drop_path_rates = np.linspace(0.0, _rate(drop_path_rate, "drop_path_rate"), config.depth)
+        for index, rate in enumerate(drop_path_rates):
+            tokens = TransformerBlock(
+                config.num_heads,
+                config.mlp_dim,
+                dropout=dropout,
+                attention_dropout=_rate(attention_dropout, "attention_dropout"),
+                drop_path=float(rate),
+                name=f"block_{index}",
+            )(tokens)
+        outputs = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(tokens)
+        if config.pooling is not None:
+            outputs = TokenPooling(config.pooling, config.num_prefix_tokens, name="pool")(outputs)
+            if representation_size:
+                outputs = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(
+                    outputs
+                )
+        if include_top:
+            outputs = classification_head(num_classes, classifier_activation)(outputs)
+        super().__init__(inputs=images, outputs=outputs, name=name or config.name, **kwargs)
+        self.config = config
+        self.num_classes = num_classes if include_top else None
+        self.include_top = bool(include_top)
+        self.representation_size = representation_size or None
+        self.dropout = float(dropout)
+        self.attention_dropout = float(attention_dropout)
+        self.drop_path_rate = float(drop_path_rate)
+        self.classifier_activation = classifier_activation
+        self.channels = channels
+        self.pretrained_tag = pretrained_tag
+
+    # --- parts by role -------------------------------------------------------------------------
+    def _optional_layer(self, name: str) -> keras.layers.Layer | None:
+        try:
+            return self.get_layer(name)
+        except ValueError:
+            return None
+
+    @property
+    def stem(self) -> dict[str, keras.layers.Layer]:
+        """A hybrid's ResNet layers by their original checkpoint names (`conv_root`, `gn_root`,
+        `block1/unit1`, ...), in order; `{}` for a plain ViT."""
+        if not self.config.is_hybrid:
+            return {}
+        from keras_vit.hybrid import stem_layer_names
+
+        return {role: self.get_layer(name) for role, name in stem_layer_names(self.config).items()}
+
+    @property
+    def patch_embed(self) -> PatchEncoder:
+        return self.get_layer("patch_embed")
+
+    @property
+    def class_token(self) -> ClassToken | None:
+        return self._optional_layer("class_token") if self.config.class_token else None
+
+    @property
+    def pos_embed(self) -> PositionEmbedding:
+        return self.get_layer("pos_embed")
+
+    @property
+    def blocks(self) -> list[TransformerBlock]:
+        return [self.get_layer(f"block_{index}") for index in range(self.config.depth)]
+
+    @property
+    def encoder_norm(self) -> keras.layers.LayerNormalization:
+        return self.get_layer("encoder_norm")
+
+    @property
+    def pool(self) -> TokenPooling | None:
+        return self._optional_layer("pool")
+
+    @property
+    def pre_logits(self) -> keras.layers.Dense | None:
+        return self._optional_layer("pre_logits")
+
+    @property
+    def head(self) -> keras.layers.Dense | None:
+        return self._optional_layer("head")
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """`(height, width, channels)` of the input."""
+        return (*self.config.image_hw, self.channels)
+
+    # --- views and copies ----------------------------------------------------------------------
+    def token_model(self) -> keras.Model:
+        """A view (same weights) that returns the token sequence after the final LayerNorm."""
+        return keras.Model(self.input, self.encoder_norm.output, name=f"{self.name}_tokens")
+
+    def feature_model(self) -> keras.Model:
+        """A view (same weights) that returns the pre-head representation `(batch, D)`.
+
+        The pre-logits output if any, else the pooled tokens, else (pooling `None`) token 0.
+        """
+        layer = self.pre_logits or self.pool
+        features = layer.output if layer is not None else self.encoder_norm.output[:, 0]
+        return keras.Model(self.input, features, name=f"{self.name}_features")
+
+    def rebuild(self, *, copy_head: bool = True, **changes) -> ViT:
+        """A new model with constructor arguments or config fields changed, and a copy of the weights.
+
+        Every layer both models have with the same weight shapes is copied (the head only with
+        `copy_head` and an unchanged class count); the rest keeps its initialisation.
+        """
+        arguments = self.get_config()
+        config_changes = {key: changes.pop(key) for key in list(changes) if key in arguments["config"]}
+        unknown = sorted(set(changes) - set(arguments))
+        if unknown:
+            raise TypeError(f"Unknown argument(s) {unknown} for ViT.rebuild: use ViT or ViTConfig arguments.")
+        arguments.update(changes, config=self.config.replace(**config_changes))
+        model = ViT(**arguments)
+        copy_weights(self, model, skip=() if copy_head else ("head",))
+        return model
+
+    def with_head(
+        self,
+        num_classes: int,
+        *,
+        pooling: str | None = None,
+        classifier_activation: str | None = None,
+        **changes,
+    ) -> ViT:
+        """A classifier copy with a new zero-initialised `num_classes` head (paper §3.2), for fine-tuning.
+
+        `pooling` defaults to the model's, or `"token"` (`"gap"` without a [class] token) for a
+        token-sequence model. Other `changes` as `rebuild` (e.g. `dropout`, `drop_path_rate`).
+        """
+        if pooling is None:
+            pooling = self.config.pooling or ("token" if self.config.class_token else "gap")
+        return self.rebuild(
+            copy_head=False,
+            include_top=True,
+            num_classes=num_classes,
+            pooling=pooling,
+            classifier_activation=classifier_activation,
+            **changes,
+        )
+
+    def without_head(self, **changes) -> ViT:
+        """A copy without the head: the pooled features, or with `pooling=None` the token sequence."""
+        return self.rebuild(include_top=False, **changes)
+
+    # --- serialisation -------------------------------------------------------------------------
+    def get_config(self) -> dict:
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "config": self.config.to_dict(),
+            "num_classes": self.num_classes if self.include_top else 1000,
+            "include_top": self.include_top,
+            "representation_size": self.representation_size,
+            "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "drop_path_rate": self.drop_path_rate,
+            "classifier_activation": self.classifier_activation,
+            "channels": self.channels,
+            "pretrained_tag": self.pretrained_tag,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> ViT:
+        return cls(**config)
+
+
+def copy_weights(source: keras.Model, target: keras.Model, skip: Sequence[str] = ()) -> None:
+    """Copy every layer's weights from `source` to the same-named layer of `target` where shapes agree."""
+    source_layers = {layer.name: layer for layer in source.layers}
+    for layer in target.layers:
+        other = source_layers.get(layer.name)
+        if other is None or layer.name in skip or not layer.weights:
+            continue
+        values = other.get_weights()
+        if [value.shape for value in values] == [tuple(weight.shape) for weight in layer.weights]:
+            layer.set_weights(values)
+
+
+def _split_arguments(config: ViTConfig, kwargs: dict) -> tuple[ViTConfig, dict]:
+    """`kwargs` naming `ViTConfig` fields change the config; the rest are `ViT` arguments."""
+    fields = set(ViTConfig.field_names()) - {"name"}
+    changes = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
+    unknown = sorted(set(kwargs) - set(_MODEL_ARGUMENTS) - {"name"})
+    if unknown:
+        raise TypeError(
+            f"Unknown argument(s) {unknown}: model arguments are {list(_MODEL_ARGUMENTS)}, config fields "
+            f"{sorted(fields)}."
+        )
+    changes = {key: value for key, value in changes.items() if not (key == "image_size" and value is None)}
+    return (config.replace(**changes) if changes else config), kwargs
+
+
+def build_vit(config: ViTConfig, **kwargs) -> ViT:
+    """A `ViT` from a config; keywords are `ViT` arguments or `ViTConfig` fields to change.
+
+    E.g. `build_vit(config, image_size=384, pooling="gap", num_classes=10)`.
+    """
+    config, arguments = _split_arguments(config, dict(kwargs))
+    return ViT(config, **arguments)
 
 
 def create_model(
-    variant: str,
+    variant: str | ViTConfig,
     pretrained: bool | str | os.PathLike = False,
     *,
     image_size: int | Sequence[int] | None = None,
     num_classes: int | None = None,
     include_top: bool | None = None,
-    pooling: str | None = "token",
     representation_size: int | None = None,
-    dropout: float = 0.0,
-    attention_dropout: float = 0.0,
-    drop_path_rate: float = 0.0,
-    classifier_activation: str | None = None,
-    channels: int = 3,
     name: str | None = None,
-) -> keras.Model:
+    **kwargs,
+) -> ViT:
     """Build the ViT variant `variant` (see `list_models()`), optionally with published weights.
 
     Args:
-        variant: a name from `list_models()`, e.g. `"vit_b16"`.
+        variant: a name from `list_models()`, e.g. `"vit_b16"`, or a `ViTConfig`.
         pretrained: `False` for random weights (training init of the paper); `True` for the
             variant's default checkpoint; a tag (`"augreg_in21k_ft_in1k"` or
             `"vit_b16.augreg_in21k_ft_in1k"`, see `keras_vit.list_pretrained()`); a local
@@ -154,7 +353,7 @@ def create_model(
             unset `image_size`, `num_classes` and `representation_size` take its values, and
             a model built from a tag is named after it (see `keras_vit.pretrained`).
         image_size: int or `(height, width)`; each side a multiple of the patch size.
-            Defaults to the variant's 224, or the checkpoint's resolution; another size
+            Defaults to the variant's, or the checkpoint's resolution; another size
             resizes the position embedding.
         num_classes: classes of the head, default 1000 or the checkpoint's; a count other
             than the checkpoint's gives a new zero-initialised head.
@@ -162,116 +361,51 @@ def create_model(
             `(batch, D)` (or `representation_size`), or with `pooling=None` the token
             sequence `(batch, 1 + patches, D)` after the final LayerNorm. Default `True`,
             except for a checkpoint without a head (`orig_in21k`) and no `num_classes`.
-        pooling: `"token"` (the [class] token, the paper's default), `"gap"` (mean of the
-            patch tokens after the final LayerNorm) or `None`.
         representation_size: adds the pre-logits Dense+tanh layer of the original ImageNet-21k
             checkpoints with this width; loaded from a checkpoint that has one, `0` drops it.
-        dropout, attention_dropout, drop_path_rate: regularisation; stochastic depth grows
-            linearly from 0 to `drop_path_rate` over the blocks.
-        classifier_activation: activation of the head, e.g. `"softmax"`; `None` gives logits.
-        channels: input channels (3 for RGB).
-        name: model name, defaults to `variant`.
+        name: model name, defaults to the variant's (or the checkpoint's tag).
+        **kwargs: `ViT` arguments (`dropout`, `attention_dropout`, `drop_path_rate`,
+            `classifier_activation`, `channels`) and `ViTConfig` fields to change: `pooling`
+            (`"token"`, the paper's default; `"gap"`; `None` for the token sequence),
+            `class_token`, `stem_numerics`.
 
     Inputs are images `(batch, height, width, channels)` already normalised as the weights
     expect: for all Google-trained checkpoints that is [-1, 1] (`keras_vit.preprocess_input`).
     """
-    config = get_config(variant)
+    config = variant if isinstance(variant, ViTConfig) else get_config(variant)
+    config, arguments = _split_arguments(config, dict(kwargs))
     checkpoint = None
     if pretrained is not False and pretrained is not None:
-        checkpoint = resolve_pretrained(pretrained, variant)
+        from keras_vit.pretrained import resolve_pretrained
+
+        checkpoint = resolve_pretrained(pretrained, config.name if config.name in VARIANTS else None)
         image_size, num_classes, include_top, representation_size = checkpoint.model_arguments(
             config, image_size, num_classes, include_top, representation_size
         )
         name = name or checkpoint.tag
-    model = build_vit(
+    if image_size is not None:
+        config = config.replace(image_size=image_size)
+    model = ViT(
         config,
-        image_size=config.image_size if image_size is None else image_size,
         num_classes=1000 if num_classes is None else num_classes,
         include_top=True if include_top is None else include_top,
-        pooling=pooling,
         representation_size=representation_size,
-        dropout=dropout,
-        attention_dropout=attention_dropout,
-        drop_path_rate=drop_path_rate,
-        classifier_activation=classifier_activation,
-        channels=channels,
         name=name,
+        **arguments,
     )
     if checkpoint is not None:
         checkpoint.load_into(model)
     return model
 
 
-def list_models() -> list[str]:
-    """Names of every variant with a factory, e.g. `['vit_b16', ...]`."""
-    return sorted(VARIANTS)
+def _factory(variant: str):
+    def factory(pretrained: bool | str | os.PathLike = False, **kwargs) -> ViT:
+        return create_model(variant, pretrained, **kwargs)
+
+    factory.__name__ = factory.__qualname__ = variant
+    factory.__doc__ = f"{variant}: {VARIANTS[variant].description}. Arguments as `create_model`."
+    return factory
 
 
-def vit_ti16(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-Ti/16: D=192, 12 layers, 3 heads, MLP 768. Arguments as `create_model`."""
-    return create_model("vit_ti16", pretrained, **kwargs)
-
-
-def vit_s16(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-S/16: D=384, 12 layers, 6 heads, MLP 1536. Arguments as `create_model`."""
-    return create_model("vit_s16", pretrained, **kwargs)
-
-
-def vit_s32(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-S/32: D=384, 12 layers, 6 heads, MLP 1536. Arguments as `create_model`."""
-    return create_model("vit_s32", pretrained, **kwargs)
-
-
-def vit_b8(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-B/8: D=768, 12 layers, 12 heads, MLP 3072. Arguments as `create_model`."""
-    return create_model("vit_b8", pretrained, **kwargs)
-
-
-def vit_b16(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-B/16: D=768, 12 layers, 12 heads, MLP 3072. Arguments as `create_model`."""
-    return create_model("vit_b16", pretrained, **kwargs)
-
-
-def vit_b32(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-B/32: D=768, 12 layers, 12 heads, MLP 3072. Arguments as `create_model`."""
-    return create_model("vit_b32", pretrained, **kwargs)
-
-
-def vit_l16(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-L/16: D=1024, 24 layers, 16 heads, MLP 4096. Arguments as `create_model`."""
-    return create_model("vit_l16", pretrained, **kwargs)
-
-
-def vit_l32(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-L/32: D=1024, 24 layers, 16 heads, MLP 4096. Arguments as `create_model`."""
-    return create_model("vit_l32", pretrained, **kwargs)
-
-
-def vit_h14(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """ViT-H/14: D=1280, 32 layers, 16 heads, MLP 5120. Arguments as `create_model`."""
-    return create_model("vit_h14", pretrained, **kwargs)
-
-
-def vit_r50_b16(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """R50+ViT-B/16: BiT ResNet-50 stages (3, 4, 9) (stride 16), then ViT-B on 1x1 patches."""
-    return create_model("vit_r50_b16", pretrained, **kwargs)
-
-
-def vit_r50_l32(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """R50+ViT-L/32: BiT ResNet-50 stages (3, 4, 6, 3) (stride 32), then ViT-L on 1x1 patches."""
-    return create_model("vit_r50_l32", pretrained, **kwargs)
-
-
-def vit_r26_b32(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """R26+ViT-B/32: BiT ResNet-26 stages (2, 2, 2, 2) (stride 32), then ViT-B on 1x1 patches."""
-    return create_model("vit_r26_b32", pretrained, **kwargs)
-
-
-def vit_r26_s32(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """R26+ViT-S/32: BiT ResNet-26 stages (2, 2, 2, 2) (stride 32), then ViT-S on 1x1 patches."""
-    return create_model("vit_r26_s32", pretrained, **kwargs)
-
-
-def vit_r_ti16(pretrained: bool | str = False, **kwargs) -> keras.Model:
-    """R+ViT-Ti/16: BiT root block only (stride 4), then ViT-Ti on 8x8 patches (32 px per token)."""
-    return create_model("vit_r_ti16", pretrained, **kwargs)
+# One factory per registry row: keras_vit.vit_b16(pretrained=True), keras_vit.vit_digits(), ...
+globals().update({variant: _factory(variant) for variant in VARIANTS})

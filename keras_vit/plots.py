@@ -225,21 +225,15 @@ def write_inspection(
     picture; `discard_ratio` and `head_fusion` go to `attention_rollout`; `dpi` is the PNGs'
     resolution.
     """
-    from keras_vit.preprocessing import load_image, preprocess_input
-    from keras_vit.pretrained import model_entry
+    from keras_vit.preprocessing import Preprocessing, load_image, preprocess_input
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     label = label or model.name
-    entry = model_entry(model)
-    height, width = model.input_shape[1:3]
-    pixels = load_image(
-        image,
-        (height, width),
-        entry.crop_pct if entry is not None else 0.9,
-        (entry.interpolation if entry is not None else None) or "bicubic",
-    )
-    inputs = preprocess_input(pixels[None], model)
+    spec = Preprocessing.for_model(model)
+    height, width = spec.image_size
+    pixels = load_image(image, spec)
+    inputs = preprocess_input(pixels[None], spec)
     grid = vit_inspect.token_grid(model)
     spacing = (height / grid[0], width / grid[1])
     paths = {name: out_dir / f"{name}.png" for name in FIGURE_NAMES}

@@ -1,34 +1,244 @@
-"""Input scaling and label decoding for the published checkpoints.
+"""The preprocessing spec of a checkpoint, its NumPy/Pillow implementation, and label decoding.
 
-The models take images already normalised as their weights expect; `preprocess_input` maps
-uint8-range pixels there with the checkpoint's mean/std from the catalog (mean = std = 0.5,
-i.e. [-1, 1], for every Google-trained checkpoint). `decode_predictions` turns a head's
-output into `(class_index, class_name, score)` with the checkpoint's label set.
+A checkpoint is evaluated on images resized, centre-cropped and normalised one way; a
+`Preprocessing` (a frozen dataclass: input size, crop fraction, interpolation, mean/std,
+channel order) says which, and the three places that preprocess images all read it:
 
-ImageNet-1k class names: `weights/imagenet1k_labels.txt`, the 1000 names in the standard
-index order (sorted WordNet ids), one per line, copied from torchvision 0.29.1
-(`torchvision.models._meta._IMAGENET_CATEGORIES`, its weights' `categories` metadata; the
-names are unique: e.g. index 134 is "crane bird", 517 "crane"). ImageNet-21k names are not
-shipped: for 21843-class heads `decode_predictions` returns indices with the name `None`.
+* `load_image` + `preprocess_input` (here: Pillow and NumPy, for images outside a graph);
+* `keras_vit.data.eval_pipeline` (tf.data evaluation batches);
+* `keras_vit.export.export_serving` (the resize + crop + normalisation in the SavedModel).
+
+The last two share one TensorFlow implementation (`keras_vit.tf_preprocessing.ImagePreprocessing`),
+which reproduces Pillow's resize exactly (its fixed-point coefficients and pass order), so
+the three give identical pixels: the same uint8 after resizing, the same float32 after
+normalising. `Preprocessing.for_model(model)` (or `from_entry`) gives a checkpoint's spec from
+the catalog (`keras_vit.pretrained`); a model without a catalog row gets the package default
+declared once here, the class's field defaults: its input size, centre crop 0.9, bicubic,
+mean = std = 0.5 (i.e. [-1, 1], what every Google-trained checkpoint expects).
+
+`decode_predictions` turns a head's output into `(class_index, class_name, score)` with the
+checkpoint's label set. ImageNet-1k class names: `weights/imagenet1k_labels.txt`, the 1000
+names in the standard index order (sorted WordNet ids), one per line, copied from
+torchvision 0.29.1 (`torchvision.models._meta._IMAGENET_CATEGORIES`, its weights'
+`categories` metadata; the names are unique: e.g. index 134 is "crane bird", 517 "crane").
+ImageNet-21k names are not shipped: for 21843-class heads `decode_predictions` returns
+indices with the name `None`.
+
+This module imports neither TensorFlow nor Keras (Pillow only inside `load_image`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
 
-from keras_vit.pretrained import model_entry
+__all__ = [
+    "DEFAULT_CROP_PCT",
+    "DEFAULT_INTERPOLATION",
+    "GOOGLE_MEAN",
+    "GOOGLE_STD",
+    "INTERPOLATIONS",
+    "RESAMPLERS",
+    "Preprocessing",
+    "as_spec",
+    "decode_predictions",
+    "imagenet1k_labels",
+    "load_image",
+    "normalize",
+    "resized_size",
+    "preprocess_input",
+]
 
 GOOGLE_MEAN = (0.5, 0.5, 0.5)
 GOOGLE_STD = (0.5, 0.5, 0.5)
+# The package default for a model without a catalog row (as timm evaluates most ViTs).
+DEFAULT_CROP_PCT = 0.9
+DEFAULT_INTERPOLATION = "bicubic"
+INTERPOLATIONS = ("bicubic", "bilinear")
+RESAMPLERS = ("pillow", "tensorflow")
+CHANNEL_ORDERS = ("RGB",)
 LABEL_SETS = {"imagenet1k": 1000, "imagenet21k": 21843}
 
 
+class _Unset:
+    """The default of override arguments: "not given" (`None` is a value: `crop_pct=None` is no crop)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
+
+
+def _image_size(value) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        sides = (int(value), int(value))
+    elif (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and len(value) == 2
+        and all(isinstance(side, (int, np.integer)) and not isinstance(side, bool) for side in value)
+    ):
+        sides = (int(value[0]), int(value[1]))
+    else:
+        sides = None
+    if sides is None or min(sides) < 1:
+        raise ValueError(
+            f"image_size must be a positive int or (height, width) of positive ints, got {value!r}."
+        )
+    return sides
+
+
+def _channel_values(name: str, value) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(v) for v in (value if isinstance(value, Sequence) else np.ravel(value)))
+    except (TypeError, ValueError):
+        values = ()
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{name} must be 3 finite numbers (one per RGB channel) or 1, got {value!r}.")
+    return values
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How a checkpoint's images are resized, cropped and normalised: one spec for every path.
+
+    Fields:
+        image_size: the model input `(height, width)` (an int is a square side).
+        mean, std: per-channel statistics of `(x / 255 - mean) / std`, x in [0, 255] (one
+            number is repeated to the 3 channels).
+        crop_pct: the centre-crop fraction: the shorter side is resized to
+            `max(image_size) / crop_pct` (rounded as Python's `round`), keeping the aspect
+            ratio, and the centre `image_size` kept, as timm's evaluation transform. `None`
+            (or 1.0, stored as `None`): resize straight to `image_size`, aspect ratio not kept.
+        interpolation: `"bicubic"` or `"bilinear"`, Pillow's filters (antialiased when shrinking).
+        channel_order: `"RGB"`, the only order the checkpoints take.
+        resampler: `"pillow"` (default): Pillow's resize, the width pass and the height pass
+            each rounded to uint8, exactly (the TensorFlow implementation reproduces it bit for
+            bit); `"tensorflow"`: one antialiased `tf.image.resize` pass rounded once, what
+            `data.train_pipeline` uses and what `keras-vit train` evaluates with (kept so its
+            measured accuracy stands); it has no Pillow implementation (`load_image` runs
+            TensorFlow for it).
+
+    The field defaults are the package default, used for a model without a catalog row:
+    `Preprocessing(image_size)` is crop 0.9, bicubic, mean = std = 0.5. The fields are
+    checked (and normalised: `image_size` to a pair, `mean`/`std` to 3 floats) on creation;
+    a bad value raises `ValueError` naming it. `replace(**changes)` gives a modified copy.
+    """
+
+    image_size: tuple[int, int]
+    mean: tuple[float, float, float] = GOOGLE_MEAN
+    std: tuple[float, float, float] = GOOGLE_STD
+    crop_pct: float | None = DEFAULT_CROP_PCT
+    interpolation: str = DEFAULT_INTERPOLATION
+    channel_order: str = "RGB"
+    resampler: str = "pillow"
+
+    def __post_init__(self):
+        set_field = functools.partial(object.__setattr__, self)
+        set_field("image_size", _image_size(self.image_size))
+        set_field("mean", _channel_values("mean", self.mean))
+        set_field("std", _channel_values("std", self.std))
+        if min(self.std) <= 0.0:
+            raise ValueError(f"std must be positive, got {self.std}.")
+        crop_pct = self.crop_pct
+        if crop_pct is not None:
+            if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float, np.number)):
+                raise ValueError(f"crop_pct must be in (0, 1] (1.0: no crop) or None, got {crop_pct!r}.")
+            if not 0.0 < float(crop_pct) <= 1.0:
+                raise ValueError(f"crop_pct must be in (0, 1] (1.0: no crop) or None, got {crop_pct!r}.")
+            set_field("crop_pct", None if float(crop_pct) >= 1.0 else float(crop_pct))
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}.")
+        if self.channel_order not in CHANNEL_ORDERS:
+            raise ValueError(
+                f"channel_order must be one of {CHANNEL_ORDERS} (every checkpoint takes RGB), "
+                f"got {self.channel_order!r}."
+            )
+        if self.resampler not in RESAMPLERS:
+            raise ValueError(f"resampler must be one of {RESAMPLERS}, got {self.resampler!r}.")
+
+    @classmethod
+    def from_entry(cls, entry, image_size: int | Sequence[int] | None = None) -> Preprocessing:
+        """The spec of a catalog row (`keras_vit.pretrained.CatalogEntry`), at its resolution by default.
+
+        The row's mean, std, crop_pct and interpolation (a row without an interpolation gets
+        the package default); `image_size` for a model built at another input size.
+        """
+        return cls(
+            image_size=entry.resolution if image_size is None else image_size,
+            mean=entry.mean,
+            std=entry.std,
+            crop_pct=entry.crop_pct,
+            interpolation=entry.interpolation or DEFAULT_INTERPOLATION,
+        )
+
+    @classmethod
+    def for_model(cls, model_or_tag, image_size: int | Sequence[int] | None = None) -> Preprocessing:
+        """The spec of a model (its catalog row if it was built from a tag, else the package default).
+
+        `model_or_tag`: a model (its input size is the default `image_size`; the catalog row is
+        found by `keras_vit.pretrained.model_entry`: by `pretrained_tag` or name), a full
+        catalog tag (at its resolution), or `None` (the package default; `image_size` required).
+        """
+        from keras_vit.pretrained import model_entry
+
+        entry = model_entry(model_or_tag)
+        if image_size is None and hasattr(model_or_tag, "input_shape"):
+            image_size = _model_input_size(model_or_tag)
+        if entry is not None:
+            return cls.from_entry(entry, image_size)
+        if image_size is None:
+            raise ValueError("The package default preprocessing needs an image_size.")
+        return cls(image_size)
+
+    def replace(self, **changes) -> Preprocessing:
+        """A copy with some fields changed (checked again), e.g. `spec.replace(crop_pct=None)`."""
+        return dataclasses.replace(self, **changes)
+
+
+def _model_input_size(model) -> tuple[int, int]:
+    shape = getattr(model, "input_shape", None)
+    if not isinstance(shape, tuple) or len(shape) != 4 or None in shape[1:3]:
+        raise ValueError(
+            f"The preprocessing of a model needs one image input (batch, height, width, channels) of "
+            f"fixed size, got input shape {shape}: build it with a fixed image_size, or pass image_size."
+        )
+    return int(shape[1]), int(shape[2])
+
+
+def as_spec(spec_or_size, **overrides) -> Preprocessing:
+    """A `Preprocessing` from a spec, an image size (the package default at that size), a model or a tag.
+
+    `overrides` (`mean`, `std`, `crop_pct`, `interpolation`, ...) that are not `UNSET` replace
+    the spec's fields.
+    """
+    if isinstance(spec_or_size, Preprocessing):
+        spec = spec_or_size
+    elif isinstance(spec_or_size, (int, np.integer, tuple, list)):
+        spec = Preprocessing(spec_or_size)
+    else:
+        spec = Preprocessing.for_model(spec_or_size)
+    changes = {name: value for name, value in overrides.items() if value is not UNSET}
+    return spec.replace(**changes) if changes else spec
+
+
 def normalize(images, mean=GOOGLE_MEAN, std=GOOGLE_STD) -> np.ndarray:
-    """Map pixel values in [0, 255] to `(x / 255 - mean) / std` (float32, channels last), unchecked."""
+    """Map pixel values in [0, 255] to `(x / 255 - mean) / std` (float32, channels last), unchecked.
+
+    The normalisation of a `Preprocessing` (`normalize(x, spec.mean, spec.std)`). The
+    TensorFlow implementation looks uint8 pixels up in a table this function computes, so the
+    two agree exactly.
+    """
     images = np.asarray(images, dtype="float32") / 255.0
     channels = images.shape[-1]
     mean = np.resize(np.asarray(mean, dtype="float32"), channels)
@@ -56,37 +266,85 @@ def _check_pixel_range(images: np.ndarray) -> None:
         )
 
 
-def load_image(
-    image,
-    image_size: int | tuple[int, int] = 224,
-    crop_pct: float | None = 0.9,
-    interpolation: str = "bicubic",
-) -> np.ndarray:
-    """Read an image (path, PIL image or `(H, W, C)` array) and resize it as timm evaluates.
-
-    The shorter side is resized to `size / crop_pct` and the centre `image_size` crop kept
-    (`crop_pct=None` or 1.0: resize straight to `image_size`). Returns RGB uint8 `(h, w, 3)`,
-    ready for `preprocess_input`.
-    """
+def _as_picture(image):
+    """A path, PIL image or `(H, W, C)` array as an RGB PIL image."""
     from PIL import Image
 
-    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     if isinstance(image, Image.Image):
         picture = image
     elif isinstance(image, np.ndarray):
         picture = Image.fromarray(np.asarray(image, dtype="uint8"))
     else:
         picture = Image.open(image)
-    picture = picture.convert("RGB")
-    resample = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}[interpolation]
-    if not crop_pct or crop_pct >= 1.0:
-        return np.asarray(picture.resize((width, height), resample))
-    scale = max(height, width) / crop_pct / min(picture.size)
-    resized = picture.resize(
-        (max(width, round(picture.width * scale)), max(height, round(picture.height * scale))), resample
-    )
-    left, top = (resized.width - width) // 2, (resized.height - height) // 2
+    return picture.convert("RGB")
+
+
+def resized_size(height: int, width: int, spec: Preprocessing) -> tuple[int, int]:
+    """The `(height, width)` an image is resized to before its centre crop (`spec.image_size` if no crop)."""
+    out_height, out_width = spec.image_size
+    if spec.crop_pct is None:
+        return out_height, out_width
+    scale = max(out_height, out_width) / spec.crop_pct / min(height, width)
+    return max(out_height, round(height * scale)), max(out_width, round(width * scale))
+
+
+def _pillow_resize(picture, width: int, height: int, resample):
+    """`picture.resize((width, height), resample)` as Pillow 13 does it, whatever Pillow is installed.
+
+    Pillow resizes in two passes, each rounded to uint8: width first, unless the height
+    shrinks by more than twice as many pixels as the width (then height first; Pillow 13's
+    rule, older Pillow always goes width first). The passes are made explicit here, so the
+    result does not depend on the Pillow version and `keras_vit.tf_preprocessing` can follow
+    the same order.
+    """
+    if picture.height - height > 0 and picture.height - height > 2 * (picture.width - width):
+        return picture.resize((picture.width, height), resample).resize((width, height), resample)
+    return picture.resize((width, picture.height), resample).resize((width, height), resample)
+
+
+def load_image(
+    image,
+    image_size=224,
+    crop_pct: float | None = UNSET,
+    interpolation: str = UNSET,
+) -> np.ndarray:
+    """Read an image (path, PIL image or `(H, W, C)` array), resized and cropped as a spec says.
+
+    `image_size`: a `Preprocessing` spec, a model or a full catalog tag (its spec,
+    `Preprocessing.for_model`), or an int / `(height, width)`: the package default spec at that
+    size (centre crop 0.9, bicubic). `crop_pct` and `interpolation`, when given, replace the
+    spec's: the shorter side is resized to `max(image_size) / crop_pct` and the centre crop
+    kept (`crop_pct=None` or 1.0: resize straight to `image_size`). Pillow does the resize
+    (two rounded passes, `_pillow_resize`). Returns RGB uint8 `(h, w, 3)`, ready for
+    `preprocess_input`; `keras_vit.data.eval_pipeline` and the exported SavedModel give the
+    same pixels for the same spec.
+    """
+    from PIL import Image
+
+    spec = as_spec(image_size, crop_pct=crop_pct, interpolation=interpolation)
+    picture = _as_picture(image)
+    if spec.resampler == "tensorflow":
+        from keras_vit.tf_preprocessing import ImagePreprocessing
+
+        return ImagePreprocessing.from_spec(spec).resize(np.asarray(picture)[None])[0].numpy()
+    height, width = spec.image_size
+    new_height, new_width = resized_size(picture.height, picture.width, spec)
+    resample = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR}[spec.interpolation]
+    resized = _pillow_resize(picture, new_width, new_height, resample)
+    left, top = (new_width - width) // 2, (new_height - height) // 2
     return np.asarray(resized.crop((left, top, left + width, top + height)))
+
+
+def _mean_std(spec_tag_or_model) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`(mean, std)` of a spec, or of a tag's / model's catalog row (the package default if it has none)."""
+    if isinstance(spec_tag_or_model, Preprocessing):
+        return spec_tag_or_model.mean, spec_tag_or_model.std
+    from keras_vit.pretrained import model_entry
+
+    entry = model_entry(spec_tag_or_model)
+    if entry is None:
+        return GOOGLE_MEAN, GOOGLE_STD
+    return tuple(entry.mean), tuple(entry.std)
 
 
 def preprocess_input(images, tag_or_model=None) -> np.ndarray:
@@ -94,19 +352,17 @@ def preprocess_input(images, tag_or_model=None) -> np.ndarray:
 
     `images`: `(..., H, W, C)`, uint8 or float in [0, 255] (any resizing already done), as a
     NumPy array or eager tensor (it is NumPy code, for input pipelines outside the graph).
-    `tag_or_model`: a full catalog tag or a model built with `pretrained=...` (found by its
-    `pretrained_tag` or its name, which survives `.keras` saving); `None` or any other model
-    gets the Google normalisation (mean = std = 0.5, output in [-1, 1]) that every catalog
-    checkpoint uses. Negative values, values above 255, or floats within [0, 1] raise
-    `ValueError`: they mean the images are already scaled.
-    Returns a float32 NumPy array.
+    `tag_or_model`: a `Preprocessing` spec, a full catalog tag or a model built with
+    `pretrained=...` (found by its `pretrained_tag` or its name, which survives `.keras`
+    saving); `None` or any other model gets the package default normalisation
+    (mean = std = 0.5, output in [-1, 1]) that every catalog checkpoint uses. Negative values,
+    values above 255, or floats within [0, 1] raise `ValueError`: they mean the images are
+    already scaled. Returns a float32 NumPy array (`normalize`).
     """
     images = np.asarray(images)
     _check_pixel_range(images)
-    entry = model_entry(tag_or_model)
-    if entry is None:
-        return normalize(images)
-    return normalize(images, entry.mean, entry.std)
+    mean, std = _mean_std(tag_or_model)
+    return normalize(images, mean, std)
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,6 +393,8 @@ def decode_predictions(preds, top: int = 5, tag_or_model=None) -> list[list[tupl
         raise ValueError(f"decode_predictions expects (batch, classes) predictions, got shape {preds.shape}.")
     if not isinstance(top, (int, np.integer)) or top < 1:
         raise ValueError(f"top must be a positive int, got {top!r}.")
+    from keras_vit.pretrained import model_entry
+
     width = preds.shape[1]
     entry = model_entry(tag_or_model)
     if entry is not None:

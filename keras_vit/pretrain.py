@@ -44,15 +44,14 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from keras_vit import data, recipes, training
+from keras_vit import data, defaults, recipes, training
+from keras_vit.defaults import MPP_TARGETS
 from keras_vit.distribute import is_chief
-from keras_vit.layers import TokenPooling, TransformerBlock
-from keras_vit.models import build_vit, classification_head
+from keras_vit.models import ViT, build_vit
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
-from keras_vit.variants import ViTConfig
+from keras_vit.variants import ViTConfig, config_of
 
 __all__ = [
-    "TARGETS",
     "MaskedPatchPredictor",
     "PatchCorruption",
     "PretrainingResult",
@@ -64,8 +63,6 @@ __all__ = [
 ]
 
 _PACKAGE = "keras_vit"
-TARGETS = ("mean_color", "grid_4x4", "regression")
-DEFAULT_EPOCHS = 50  # passes over the data when neither steps nor epochs is given
 _GRID_CELLS = {"mean_color": 1, "grid_4x4": 4}
 # A mean this close (in bins) below a bin edge counts in the upper bin: undoing the
 # normalisation in float32 cannot then move a mean that lies exactly on an edge (e.g. 0.125
@@ -191,8 +188,8 @@ class PatchCorruption(keras.layers.Layer):
 
 
 def _check_target(target: str, bits: int) -> None:
-    if target not in TARGETS:
-        raise ValueError(f"Unknown target {target!r}: use one of {TARGETS}.")
+    if target not in MPP_TARGETS:
+        raise ValueError(f"Unknown target {target!r}: use one of {MPP_TARGETS}.")
     if not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
         raise ValueError(f"bits must be an int in [1, 8] (the paper uses 3), got {bits!r}.")
 
@@ -275,18 +272,11 @@ def masked_patch_loss(targets, predictions, corrupted, target: str = "mean_color
     return ops.sum(per_patch * weights) / ops.maximum(ops.sum(weights), 1.0)
 
 
-def _token_backbone(model: keras.Model) -> keras.Model:
-    """The token-sequence part of a keras_vit model: its input to `encoder_norm`, same layers."""
-    names = {layer.name for layer in model.layers}
-    missing = {"patch_embed", "class_token", "pos_embed", "encoder_norm"} - names
-    if missing:
-        raise ValueError(
-            f"{model.name} is not a keras_vit ViT (no layer {', '.join(sorted(missing))}): build the "
-            "backbone with keras_vit.build_vit / create_model."
-        )
-    if model.output is model.get_layer("encoder_norm").output:
+def _token_backbone(model: keras.Model) -> ViT:
+    """A keras_vit model with token output: the model itself, or a copy of a classifier's weights."""
+    if config_of(model).pooling is None:
         return model
-    return keras.Model(model.input, model.get_layer("encoder_norm").output, name=model.name)
+    return model.without_head(pooling=None)
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
@@ -331,8 +321,8 @@ class MaskedPatchPredictor(keras.Model):
         self.mean = tuple(float(value) for value in mean)
         self.std = tuple(float(value) for value in std)
         height, width, channels = backbone.input_shape[1:]
-        patch_embed = backbone.get_layer("patch_embed")
-        rows, cols = backbone.get_layer("pos_embed").grid_size
+        patch_embed = backbone.patch_embed
+        rows, cols = backbone.pos_embed.grid_size
         # Pixels per token side: the patch, or the ResNet's stride times the patch for hybrids.
         self.pixel_patch = height // rows
         if height != rows * self.pixel_patch or width != cols * self.pixel_patch:
@@ -366,7 +356,7 @@ class MaskedPatchPredictor(keras.Model):
         patches = self._embed(images, training=training)
         corrupted_patches, corrupted = self.corruption(patches)
         tokens = self._encode(corrupted_patches, training=training)
-        outputs = self.head(tokens[:, 1:])
+        outputs = self.head(tokens[:, self.backbone.config.num_prefix_tokens :])
         if self.target != "regression":
             outputs = ops.reshape(outputs, (-1, outputs.shape[1], self.cells, self.classes))
         return {"predictions": outputs, "corrupted": corrupted}
@@ -415,33 +405,33 @@ class MaskedPatchPredictor(keras.Model):
 
 
 def masked_patch_model(
-    model: str | ViTConfig | keras.Model = "vit_digits",
+    model: str | ViTConfig | keras.Model = defaults.TRAIN_MODEL,
     *,
     image_size: int | Sequence[int] | None = None,
     channels: int = 3,
     dropout: float = 0.0,
     drop_path_rate: float = 0.0,
-    target: str = "mean_color",
-    bits: int = 3,
-    corrupt_rate: float = 0.5,
-    mask_rate: float = 0.8,
-    random_rate: float = 0.1,
+    target: str = MPP_TARGETS[0],
+    bits: int = defaults.MPP_BITS,
+    corrupt_rate: float = defaults.MPP_CORRUPT_RATE,
+    mask_rate: float = defaults.MPP_MASK_RATE,
+    random_rate: float = defaults.MPP_RANDOM_RATE,
     mean: Sequence[float] = GOOGLE_MEAN,
     std: Sequence[float] = GOOGLE_STD,
     seed: int | None = None,
 ) -> MaskedPatchPredictor:
     """A `MaskedPatchPredictor` around `model`: a keras_vit model, or a new backbone.
 
-    A name (variant or `keras_vit.training.SMALL_MODELS`, e.g. `"vit_digits"`) or a
-    `ViTConfig` gives a randomly initialised backbone at `image_size` (default the config's)
-    with `channels`, `dropout` and `drop_path_rate`; a built keras_vit model is used as it is
-    (its weights are trained in place). Other arguments as `MaskedPatchPredictor`.
+    A registry name (e.g. `"vit_digits"`, see `keras_vit.list_models()`) or a `ViTConfig` gives
+    a randomly initialised backbone at `image_size` (default the config's) with `channels`,
+    `dropout` and `drop_path_rate`; a built keras_vit model with token output is used as it is
+    (its weights are trained in place; a classifier's weights are copied into a token-output
+    backbone). Other arguments as `MaskedPatchPredictor`.
     """
     if not isinstance(model, keras.Model):
-        config = training.model_config(model)
         model = build_vit(
-            config,
-            image_size=config.image_size if image_size is None else image_size,
+            training.model_config(model),
+            image_size=image_size,
             include_top=False,
             pooling=None,
             dropout=dropout,
@@ -485,25 +475,13 @@ def to_classifier(
     if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}.")
     backbone = model.backbone if isinstance(model, MaskedPatchPredictor) else _token_backbone(model)
-    depth = sum(isinstance(layer, TransformerBlock) for layer in backbone.layers)
-
-    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
-        config = layer.get_config()
-        if isinstance(layer, TransformerBlock):
-            index = int(layer.name.rsplit("_", 1)[-1])
-            if dropout is not None:
-                config["dropout"] = float(dropout)
-            if drop_path_rate is not None:
-                config["drop_path"] = float(drop_path_rate) * index / max(depth - 1, 1)
-        elif layer.name == "pos_dropout" and dropout is not None:
-            config["rate"] = float(dropout)
-        return layer.__class__.from_config(config)
-
-    copy = keras.models.clone_model(backbone, clone_function=clone)
-    copy.set_weights(backbone.get_weights())
-    outputs = TokenPooling(pooling, name="pool")(copy.output)
-    outputs = classification_head(num_classes, classifier_activation)(outputs)
-    return keras.Model(copy.input, outputs, name=name or backbone.name)
+    changes = {"dropout": dropout, "drop_path_rate": drop_path_rate, "name": name or backbone.name}
+    return backbone.with_head(
+        int(num_classes),
+        pooling=pooling,
+        classifier_activation=classifier_activation,
+        **{key: value for key, value in changes.items() if value is not None},
+    )
 
 
 @dataclass
@@ -538,23 +516,23 @@ def _train_source(dataset, train_split: str, data_dir: str | os.PathLike | None)
 
 
 def pretrain(
-    model: str | ViTConfig = "vit_digits",
+    model: str | ViTConfig = defaults.TRAIN_MODEL,
     dataset: str | os.PathLike | data.Source | np.ndarray = "digits",
     *,
-    output_dir: str | os.PathLike = "vit_mpp",
+    output_dir: str | os.PathLike = defaults.PRETRAIN_OUTPUT_DIR,
     image_size: int | None = None,
-    batch_size: int = 64,
+    batch_size: int = defaults.BATCH_SIZE,
     steps: int | None = None,
     epochs: float | None = None,
     steps_per_epoch: int | None = None,
-    learning_rate: float = 2e-4,
+    learning_rate: float = defaults.PRETRAIN_LEARNING_RATE,
     warmup_steps: int | None = None,
     weight_decay: float = 0.0,
-    target: str = "mean_color",
-    bits: int = 3,
-    corrupt_rate: float = 0.5,
-    mask_rate: float = 0.8,
-    random_rate: float = 0.1,
+    target: str = MPP_TARGETS[0],
+    bits: int = defaults.MPP_BITS,
+    corrupt_rate: float = defaults.MPP_CORRUPT_RATE,
+    mask_rate: float = defaults.MPP_MASK_RATE,
+    random_rate: float = defaults.MPP_RANDOM_RATE,
     dropout: float = 0.0,
     crop_scale: Sequence[float] | None = None,
     flip: bool | None = None,
@@ -573,7 +551,7 @@ def pretrain(
     linear warm-up (default 10% of the steps, at most 10k), cosine decay to 0.
 
     Args:
-        model: a variant or `SMALL_MODELS` name, or a `ViTConfig` (random initialisation).
+        model: a registry name (`keras_vit.list_models()`), or a `ViTConfig` (random initialisation).
         dataset: `"digits"` (its train split), an image folder (its `train/` if present; any
             sub-folders, whose names are ignored), a prepared tensorflow-datasets name
             (`train_split` of it), a `keras_vit.data.Source`, or uint8-range images
@@ -599,7 +577,7 @@ def pretrain(
     source, is_digits = _train_source(dataset, train_split, data_dir)
     config = training.model_config(model)
     if steps is None and epochs is None:
-        epochs = DEFAULT_EPOCHS
+        epochs = defaults.PRETRAIN_EPOCHS
     steps_per_epoch, fit_epochs = training._plan_steps(
         data.epoch_steps(source, batch_size), steps, epochs, steps_per_epoch
     )

@@ -56,8 +56,7 @@ from keras_vit.converters import (
     load_checkpoint,
     read_checkpoint,
 )
-from keras_vit.hybrid import PREFIX as STEM_PREFIX
-from keras_vit.variants import VARIANTS, ViTConfig, get_config
+from keras_vit.variants import VARIANTS, ViTConfig, config_of, get_config
 
 __all__ = [
     "CatalogEntry",
@@ -353,35 +352,8 @@ def _architecture(source: ViTConfig | CheckpointInfo) -> dict[str, int]:
     return {key: getattr(source, key) for key in _SHAPE_FIELDS}
 
 
-def _resnet_stages(model: keras.Model) -> tuple[int, ...] | None:
-    """Units per stage of a hybrid's ResNet stem (layers `resnet_block{s}_unit{u}`), `None` if plain."""
-    names = [layer.name for layer in model.layers]
-    if f"{STEM_PREFIX}conv_root" not in names:
-        return None
-    units = [re.fullmatch(rf"{STEM_PREFIX}block(\d+)_unit\d+", name) for name in names]
-    stages = [int(match.group(1)) for match in units if match]
-    return tuple(stages.count(stage) for stage in range(1, max(stages, default=0) + 1))
-
-
 def _model_architecture(model: keras.Model) -> dict[str, int]:
-    try:
-        patch_embed = model.get_layer("patch_embed")
-        blocks = [layer for layer in model.layers if re.fullmatch(r"block_\d+", layer.name)]
-        first = blocks[0]
-    except (ValueError, IndexError):
-        raise ValueError(
-            f"Model {model.name!r} was not built by keras_vit (no patch_embed / block_0 layers): "
-            "build it with keras_vit.create_model(...)."
-        ) from None
-    shape = (
-        patch_embed.hidden_size,
-        len(blocks),
-        first.num_heads,
-        first.mlp_dim,
-        patch_embed.patch_size,
-        _resnet_stages(model),
-    )
-    return dict(zip(_SHAPE_FIELDS, shape, strict=True))
+    return _architecture(config_of(model))
 
 
 def _check_fits(
@@ -475,11 +447,10 @@ def resolve_pretrained(
 
 
 def _variant_of(model: keras.Model, architecture: dict[str, int]) -> str | None:
-    """The variant of a model: the one its name starts with, else the only one of its architecture."""
+    """The model's registry variant if it has that variant's architecture, else the only one that has."""
+    if model.config.name in VARIANTS and _architecture(VARIANTS[model.config.name]) == architecture:
+        return model.config.name
     matches = [name for name, config in VARIANTS.items() if _architecture(config) == architecture]
-    named = model.name.split(".", 1)[0]
-    if named in matches:
-        return named
     return matches[0] if len(matches) == 1 else None
 
 

@@ -31,23 +31,21 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import data, recipes
+from keras_vit import data, defaults, recipes
+from keras_vit.defaults import PRECISIONS, RECIPES, SCRATCH_DROP_PATH, TRAIN_EPOCHS
 from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
 from keras_vit.models import build_vit, create_model
 from keras_vit.pretrained import model_entry
-from keras_vit.variants import VARIANTS, ViTConfig
+from keras_vit.variants import VARIANTS, ViTConfig, list_models
 
 __all__ = [
     "EpochBackup",
-    "PRECISIONS",
-    "RECIPES",
-    "SMALL_MODELS",
     "TrainingResult",
     "finetune",
     "load_dataset",
@@ -55,21 +53,7 @@ __all__ = [
     "train",
 ]
 
-RECIPES = ("pretrain", "finetune")
-PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 MAX_STEPS_PER_EPOCH = 1000  # at most this many steps are lost to a kill (they are redone)
-DEFAULT_EPOCHS = 100  # passes over the data when neither steps nor epochs is given (the main job)
-# Stochastic depth when training from scratch (DeiT's and AugReg's small-data regularisation;
-# the main job measured 98.05% held-out with it, 97.49% without); none when fine-tuning (the paper).
-SCRATCH_DROP_PATH = 0.1
-
-# Small models for CPUs, by name like the variants; `vit_digits` is the main job's model:
-# 8x8 digits upscaled to 32 px, patches of 4 px (64 tokens).
-SMALL_MODELS: dict[str, ViTConfig] = {
-    "vit_digits": ViTConfig(
-        "vit_digits", patch_size=4, hidden_size=64, depth=4, num_heads=4, mlp_dim=128, image_size=32
-    ),
-}
 
 
 @dataclass
@@ -81,24 +65,20 @@ class TrainingResult:
 
 
 def model_config(model: str | ViTConfig, **overrides) -> ViTConfig:
-    """The architecture `model` (a variant or `SMALL_MODELS` name, or a config) with fields replaced.
+    """The architecture `model` (a registry name such as `"vit_digits"`, or a config) with fields replaced.
 
     `overrides` are `ViTConfig` fields (`patch_size`, `hidden_size`, `depth`, `num_heads`,
     `mlp_dim`, `image_size`); `None` values are ignored. Changing any gives a custom model
     named `<model>_custom`.
     """
-    if isinstance(model, ViTConfig):
-        config = model
-    elif model in SMALL_MODELS:
-        config = SMALL_MODELS[model]
-    elif model in VARIANTS:
+    config = model if isinstance(model, ViTConfig) else None
+    if config is None:
+        if model not in VARIANTS:
+            raise ValueError(f"Unknown model {model!r}: use one of {list_models()} (see `keras-vit models`).")
         config = VARIANTS[model]
-    else:
-        known = sorted(SMALL_MODELS) + sorted(VARIANTS)
-        raise ValueError(f"Unknown model {model!r}: use one of {known} (see `keras-vit models`).")
     overrides = {key: value for key, value in overrides.items() if value is not None}
     if overrides and any(getattr(config, key) != value for key, value in overrides.items()):
-        config = replace(config, name=f"{config.name}_custom", **overrides)
+        config = config.replace(name=f"{config.name}_custom", **overrides)
     return config
 
 
@@ -375,21 +355,21 @@ def _verbosity(verbose: int | str) -> int:
 
 
 def train(
-    model: str | ViTConfig = "vit_digits",
+    model: str | ViTConfig = defaults.TRAIN_MODEL,
     dataset: str | os.PathLike | tuple[data.Source, data.Source] = "digits",
     *,
-    output_dir: str | os.PathLike = "vit_run",
+    output_dir: str | os.PathLike = defaults.TRAIN_OUTPUT_DIR,
     recipe: str = "pretrain",
     pretrained: bool | str | os.PathLike | keras.Model = False,
     image_size: int | None = None,
-    batch_size: int = 64,
+    batch_size: int = defaults.BATCH_SIZE,
     steps: int | None = None,
     epochs: float | None = None,
     steps_per_epoch: int | None = None,
     learning_rate: float | None = None,
     warmup_steps: int | None = None,
-    weight_decay: float = 0.05,
-    label_smoothing: float = 0.1,
+    weight_decay: float = defaults.WEIGHT_DECAY,
+    label_smoothing: float = defaults.LABEL_SMOOTHING,
     ema_momentum: float | None = None,
     dropout: float = 0.0,
     drop_path_rate: float | None = None,
@@ -408,7 +388,7 @@ def train(
     """Train (or fine-tune) a ViT with `model.fit` under a tf.distribute strategy; resumable exactly.
 
     Args:
-        model: a variant (`"vit_b16"`), a `SMALL_MODELS` name (`"vit_digits"`) or a `ViTConfig`.
+        model: a variant (`"vit_b16"`), a small registry model (`"vit_digits"`) or a `ViTConfig`.
         dataset: `"digits"`, an image folder with `train/` and `test/`, a prepared
             tensorflow-datasets name, or `(train, test)` `keras_vit.data.Source`s.
         output_dir: receives `model.keras`, `report.json`, TensorBoard `logs/` and, while
@@ -425,7 +405,7 @@ def train(
             `vit_digits`, 224 for variants) or the checkpoint's.
         batch_size: global batch, split across replicas.
         steps, epochs: training length, as steps or as passes over the training data
-            (default `DEFAULT_EPOCHS` passes, the main job's).
+            (default `defaults.TRAIN_EPOCHS` passes, the main job's).
         steps_per_epoch: steps between backups (and log lines); default one pass, at most
             1000 steps.
         learning_rate, warmup_steps: peak LR and linear warm-up; default warm-up 10% of the
@@ -468,7 +448,7 @@ def train(
         )
     config = model_config(model)
     if steps is None and epochs is None:
-        epochs = DEFAULT_EPOCHS
+        epochs = TRAIN_EPOCHS
     if drop_path_rate is None:
         drop_path_rate = SCRATCH_DROP_PATH if recipe == "pretrain" else 0.0
     steps_per_epoch, fit_epochs = _plan_steps(
@@ -536,15 +516,9 @@ def train(
         **_augmentation(is_digits, crop_scale, flip),
         interpolation=interpolation,
     )
-    test_data = data.eval_pipeline(
-        test_source,
-        image_size=(height, width),
-        batch_size=batch_size,
-        mean=mean,
-        std=std,
-        crop_pct=None,  # the paper evaluates on the plain resized image
-        interpolation=interpolation,
-    )
+    # The paper evaluates on the plain resized image, resized here as train_pipeline resizes.
+    eval_spec = data.Preprocessing((height, width), mean, std, None, interpolation, resampler="tensorflow")
+    test_data = data.eval_pipeline(test_source, eval_spec, batch_size=batch_size)
     fit_callbacks = [backup, *callbacks]
     if chief:
         fit_callbacks.extend(_tensorboard(os.path.join(output_dir, "logs")))
@@ -614,7 +588,7 @@ def _remove_backup(backup_dir: str) -> None:
 
 
 def finetune(
-    model: str | ViTConfig = "vit_b16",
+    model: str | ViTConfig = defaults.FINETUNE_MODEL,
     dataset: str | os.PathLike | tuple[data.Source, data.Source] = "digits",
     *,
     pretrained: bool | str | os.PathLike | keras.Model = True,

@@ -1,17 +1,58 @@
-"""One small config per ViT variant, and the registry that factories and loaders look up."""
+"""The model registry: one `ViTConfig` row per variant, read by factories, loaders and the CLI.
+
+Pure Python (no TensorFlow or Keras import), so `keras_vit.list_models()` and `keras-vit models`
+are instant. Adding a variant is one row in `VARIANTS`; its factory (`keras_vit.<name>`) is
+generated from the row (`keras_vit.models`), and a published checkpoint is one row of
+`weights/catalog.json`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+__all__ = [
+    "POOLINGS",
+    "STEM_NUMERICS_CHOICES",
+    "VARIANTS",
+    "WIDTHS",
+    "ViTConfig",
+    "config_of",
+    "get_config",
+    "list_models",
+]
+
+POOLINGS = ("token", "gap", None)
+STEM_NUMERICS_CHOICES = ("timm", "jax")
+
+
+def image_hw(image_size: int | Sequence[int]) -> tuple[int, int]:
+    """`(height, width)` of an int or a pair, with a clear error for anything else."""
+    message = f"image_size must be an int or a (height, width) pair of ints, got {image_size!r}."
+    sides = (image_size, image_size) if isinstance(image_size, numbers.Integral) else image_size
+    if isinstance(sides, (str, bytes)) or not isinstance(sides, Sequence) or len(sides) != 2:
+        raise ValueError(message)
+    if not all(isinstance(side, numbers.Integral) and not isinstance(side, bool) for side in sides):
+        raise ValueError(message)
+    height, width = (int(side) for side in sides)
+    if height < 1 or width < 1:
+        raise ValueError(f"image_size must be positive, got {image_size!r}.")
+    return height, width
 
 
 @dataclass(frozen=True)
 class ViTConfig:
-    """Architecture of one variant (paper Table 1; Ti and S from the AugReg configs).
+    """Architecture of a ViT (paper Table 1; Ti and S from the AugReg configs), as its model carries it.
 
     `patch_size` is the patch on the Transformer's input: the image for plain models, the
     ResNet feature map for hybrids (`resnet_stages` set: BiT units per stage, `()` = stem only).
-    `stem_numerics` picks the hybrid stem's epsilons: `"timm"` or `"jax"` (see `keras_vit.hybrid`).
+    `image_size` is the input resolution (int, or `(height, width)`); `pooling` how the
+    classifier reads the tokens: `"token"` (the [class] token), `"gap"` (mean of the patch
+    tokens) or `None` (the token sequence is the output); `class_token` whether a [class]
+    token is prepended. `stem_numerics` picks the hybrid stem's epsilons: `"timm"` or
+    `"jax"` (see `keras_vit.hybrid`).
     """
 
     name: str
@@ -21,8 +62,39 @@ class ViTConfig:
     num_heads: int
     mlp_dim: int
     resnet_stages: tuple[int, ...] | None = None
-    image_size: int = 224
+    image_size: int | tuple[int, int] = 224
     stem_numerics: str = "timm"
+    pooling: str | None = "token"
+    class_token: bool = True
+
+    def __post_init__(self):
+        for field in ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{self.name}: {field} must be a positive int, got {value!r}.")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"{self.name}: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}."
+            )
+        height, width = image_hw(self.image_size)
+        object.__setattr__(self, "image_size", height if height == width else (height, width))
+        if self.resnet_stages is not None:
+            object.__setattr__(self, "resnet_stages", tuple(int(units) for units in self.resnet_stages))
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"Unknown pooling {self.pooling!r}: use 'token' (the [class] token), 'gap' (mean of the "
+                "patch tokens), or None (the token sequence, with include_top=False)."
+            )
+        if self.pooling == "token" and not self.class_token:
+            raise ValueError(
+                f"{self.name}: pooling='token' reads the [class] token, but class_token=False: "
+                "use pooling='gap' for a model without a [class] token."
+            )
+        if self.stem_numerics not in STEM_NUMERICS_CHOICES:
+            raise ValueError(
+                f"{self.name}: unknown stem_numerics {self.stem_numerics!r}; use one of "
+                f"{sorted(STEM_NUMERICS_CHOICES)}."
+            )
 
     @property
     def is_hybrid(self) -> bool:
@@ -34,6 +106,70 @@ class ViTConfig:
         if not self.is_hybrid:
             return self.patch_size
         return self.patch_size * 4 * 2 ** max(len(self.resnet_stages) - 1, 0)
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
+        return image_hw(self.image_size)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patch tokens: the [class] token, if any."""
+        return int(self.class_token)
+
+    def feature_map_size(self, height: int, width: int) -> tuple[int, int]:
+        """What the patch embedding sees: the image, or a hybrid's ResNet map (each stride 2: ceil(n/2))."""
+        if not self.is_hybrid:
+            return height, width
+        for _ in range(2 + max(len(self.resnet_stages) - 1, 0)):  # conv_root, max-pool, stages 2..
+            height, width = -(-height // 2), -(-width // 2)
+        return height, width
+
+    def token_grid(self, image_size: int | Sequence[int] | None = None) -> tuple[int, int]:
+        """The patch grid for `image_size` (default the config's), with an error proposing valid sizes."""
+        height, width = image_hw(self.image_size if image_size is None else image_size)
+        feature_hw = self.feature_map_size(height, width)
+        for axis, image_side, size in zip(("height", "width"), (height, width), feature_hw, strict=True):
+            if size % self.patch_size:
+                lower = max(self.stride, image_side // self.stride * self.stride)
+                feature_map = f" (ResNet feature map {size})" if self.is_hybrid else ""
+                raise ValueError(
+                    f"{self.name}: image {axis} {image_side}{feature_map} is not divisible by the patch "
+                    f"size {self.patch_size}; use a multiple of {self.stride}, e.g. image_size={lower} or "
+                    f"{lower + self.stride}."
+                )
+        return feature_hw[0] // self.patch_size, feature_hw[1] // self.patch_size
+
+    @property
+    def description(self) -> str:
+        """One line for docstrings and `keras-vit models`."""
+        width = f"D={self.hidden_size}, {self.depth} layers, {self.num_heads} heads, MLP {self.mlp_dim}"
+        if not self.is_hybrid:
+            return f"ViT/{self.patch_size}: {width}, {self.image_hw[0]} px"
+        stages = f"ResNet stages {self.resnet_stages}" if self.resnet_stages else "ResNet root block only"
+        return (
+            f"hybrid: BiT {stages}, then ViT ({width}) on {self.patch_size}x{self.patch_size} patches "
+            f"of the feature map ({self.stride} px per token)"
+        )
+
+    def replace(self, **changes) -> ViTConfig:
+        """A copy with fields changed; unknown field names are an error that lists the fields."""
+        unknown = sorted(set(changes) - {field.name for field in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"Unknown ViTConfig field(s) {unknown}: fields are {self.field_names()}.")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [field.name for field in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict:
+        """JSON-friendly fields (tuples as lists), the inverse of `from_dict`."""
+        fields = dataclasses.asdict(self)
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in fields.items()}
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> ViTConfig:
+        return cls(**fields)
 
 
 # width name -> (hidden_size, depth, num_heads, mlp_dim)
@@ -68,6 +204,9 @@ VARIANTS: dict[str, ViTConfig] = {
         ViTConfig("vit_r26_b32", 1, *WIDTHS["b"], resnet_stages=(2, 2, 2, 2)),
         ViTConfig("vit_r26_s32", 1, *WIDTHS["s"], resnet_stages=(2, 2, 2, 2)),
         ViTConfig("vit_r_ti16", 8, *WIDTHS["ti"], resnet_stages=()),
+        # A ViT small enough to train on a CPU: the main job's model (8x8 digits upscaled to
+        # 32 px, patches of 4 px: 64 tokens).
+        ViTConfig("vit_digits", 4, 64, 4, 4, 128, image_size=32),
     )
 }
 
@@ -76,5 +215,22 @@ def get_config(name: str) -> ViTConfig:
     """The config of variant `name`; a clear error lists the known names otherwise."""
     try:
         return VARIANTS[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise ValueError(f"Unknown ViT variant {name!r}; known variants: {sorted(VARIANTS)}.") from None
+
+
+def list_models() -> list[str]:
+    """Names of every registered variant (each has a factory `keras_vit.<name>`), e.g. `['vit_b16', ...]`."""
+    return sorted(VARIANTS)
+
+
+def config_of(model) -> ViTConfig:
+    """The `ViTConfig` a keras_vit model carries; a clear error for any other object."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, ViTConfig):
+        raise ValueError(
+            f"Model {getattr(model, 'name', model)!r} is a {type(model).__name__}, not a keras_vit.ViT: "
+            "build it with keras_vit.create_model / build_vit (for a model that wraps a ViT, pass the "
+            "inner ViT, e.g. `outer.get_layer('vit_b16')`)."
+        )
+    return config

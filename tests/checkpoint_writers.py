@@ -24,21 +24,10 @@ import numpy as np
 import timm
 import torch
 import transformers
+from conftest import TIMM_NAMES
 from safetensors.torch import save_file
 
 from keras_vit.variants import get_config
-
-TIMM_NAMES = {
-    "vit_ti16": "vit_tiny_patch16_224",
-    "vit_s16": "vit_small_patch16_224",
-    "vit_s32": "vit_small_patch32_224",
-    "vit_b8": "vit_base_patch8_224",
-    "vit_b16": "vit_base_patch16_224",
-    "vit_b32": "vit_base_patch32_224",
-    "vit_l16": "vit_large_patch16_224",
-    "vit_l32": "vit_large_patch32_224",
-    "vit_h14": "vit_huge_patch14_224",
-}
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from conftest import random_images
 from timm.models._manipulate import adapt_input_conv
 from timm.models.vision_transformer import _load_weights, checkpoint_filter_fn
 
@@ -27,10 +28,11 @@ from keras_vit.converters import (
 
 TOLERANCE = 1e-4
 HEADS = {"vit_ti16": 3, "vit_s16": 6, "vit_b16": 12, "vit_b32": 12}
-
-
-def _images(size=(224, 224), channels=3, seed=0) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-1, 1, (2, *size, channels)).astype("float32")
+# Every format's parity on ViT-Ti/16 stays in the quick loop; the bigger variants (~40 s) are slow.
+PARITY_VARIANTS = [
+    "vit_ti16",
+    *(pytest.param(v, marks=pytest.mark.slow) for v in ("vit_s16", "vit_b16", "vit_b32")),
+]
 
 
 def _keras(model: keras.Model, images: np.ndarray) -> np.ndarray:
@@ -92,7 +94,7 @@ def ti_state(timm_vit) -> dict[str, np.ndarray]:
 # ---- parity per format ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", ["vit_ti16", "vit_s16", "vit_b16", "vit_b32"])
+@pytest.mark.parametrize("variant", PARITY_VARIANTS)
 def test_timm_safetensors_parity(variant, keras_model, timm_vit, tmp_path):
     reference = timm_vit(variant)
     path = writers.save_timm_safetensors(reference, tmp_path / "model.safetensors")
@@ -104,16 +106,16 @@ def test_timm_safetensors_parity(variant, keras_model, timm_vit, tmp_path):
 
     model = keras_model(variant)
     load_checkpoint(model, path)
-    images = _images()
+    images = random_images()
     assert _max_diff(_keras(model, images), _timm(reference, images)) <= TOLERANCE
 
 
-@pytest.mark.parametrize("variant", ["vit_ti16", "vit_s16", "vit_b16", "vit_b32"])
+@pytest.mark.parametrize("variant", PARITY_VARIANTS)
 def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path):
     reference = timm_vit(variant)
     arrays = writers.timm_to_google_npz(writers.state_dict_numpy(reference), HEADS[variant])
     path = writers.save_npz(arrays, tmp_path / "ViT.npz")
-    images = _images()
+    images = random_images()
     expected = _timm(reference, images)
 
     # The .npz writer is right: timm's own loader, run on the zeroed reference, restores it.
@@ -135,11 +137,11 @@ def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path):
     assert _max_diff(_keras(model, images), expected) <= TOLERANCE
 
 
-@pytest.mark.parametrize("variant", ["vit_ti16", "vit_s16", "vit_b16", "vit_b32"])
+@pytest.mark.parametrize("variant", PARITY_VARIANTS)
 def test_hf_parity_safetensors_and_bin(variant, keras_model, tmp_path):
     reference = writers.random_hf_vit(variant, seed=3)
     directory = writers.save_hf(reference, tmp_path / "hf")
-    images = _images()
+    images = random_images()
     with torch.no_grad():
         expected = reference(pixel_values=writers.to_torch(images)).logits.numpy()
     del reference
@@ -169,7 +171,7 @@ def test_position_embedding_resized_like_timm(image_size, keras_model, timm_vit,
     reference.load_state_dict(checkpoint_filter_fn(timm_vit("vit_ti16").state_dict(), reference))
     model = keras_model("vit_ti16", image_size=image_size)
     size = (image_size, image_size) if isinstance(image_size, int) else image_size
-    images = _images(size)
+    images = random_images(size=size)
     expected = _timm(reference, images)
     for state in (ti_state, writers.timm_to_google_npz(ti_state, 3)):  # timm and Google layouts
         load_checkpoint(model, state)
@@ -185,7 +187,7 @@ def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti
 
     model = keras_model("vit_ti16", representation_size=192)
     load_checkpoint(model, path)
-    images = _images()
+    images = random_images()
     features = _timm_features(timm_vit("vit_ti16"), images).astype("float64")
     expected = np.tanh(features @ pre_logits[0] + pre_logits[1]) @ arrays["head/kernel"] + arrays["head/bias"]
     assert _max_diff(_keras(model, images), expected) <= TOLERANCE
@@ -204,7 +206,7 @@ def test_hf_pooler_is_pre_logits(keras_model, tmp_path):
 
     model = keras_model("vit_ti16", include_top=False, representation_size=192)
     load_checkpoint(model, directory)
-    images = _images()
+    images = random_images()
     with torch.no_grad():
         expected = reference(pixel_values=writers.to_torch(images)).pooler_output.numpy()
     assert _max_diff(_keras(model, images), expected) <= TOLERANCE
@@ -214,7 +216,7 @@ def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state):
     model = keras_vit.create_model("vit_ti16", num_classes=10)
     with pytest.warns(UserWarning, match="1000 classes and the model's 10"):
         load_checkpoint(model, ti_state)
-    images = _images()
+    images = random_images()
     assert not np.any(keras.ops.convert_to_numpy(model.get_layer("head").kernel))
     assert not np.any(_keras(model, images))
 
@@ -235,13 +237,13 @@ def test_input_channels_adapted_like_timm(channels, keras_model, timm_vit, ti_st
     reference.load_state_dict(state)
     model = keras_model("vit_ti16", channels=channels)
     load_checkpoint(model, ti_state)
-    images = _images(channels=channels)
+    images = random_images(channels=channels)
     assert _max_diff(_keras(model, images), _timm(reference, images)) <= TOLERANCE
 
 
 def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state):
     arrays = writers.timm_to_google_npz(ti_state, 3)
-    images = _images()
+    images = random_images()
     expected = _timm(timm_vit("vit_ti16"), images)
     model = keras_model("vit_ti16")
 

@@ -101,7 +101,7 @@ def test_eval_pipeline_centre_crops_like_load_image():
     expected = (image[6:14, 1:9] / 255.0 - np.array(MEAN)) / np.array(STD)
     np.testing.assert_allclose(batches[0][0][0], expected, atol=1e-5)
 
-    # On a real photo, the TF resize matches keras_vit.load_image (PIL) to one grey level.
+    # On a real photo, the TF resize is keras_vit.load_image's (Pillow's), exactly.
     photo = pytest.importorskip("sklearn.datasets").load_sample_image("china.jpg")
     photo_source = data.from_arrays(photo[None], [0])
     for crop_pct, interpolation in [(0.875, "bicubic"), (None, "bilinear")]:
@@ -110,7 +110,7 @@ def test_eval_pipeline_centre_crops_like_load_image():
             photo_source, image_size=64, batch_size=1, crop_pct=crop_pct, interpolation=interpolation
         )
         ours = next(iter(pipeline))[0][0].numpy()
-        np.testing.assert_allclose(ours, reference / 127.5 - 1.0, atol=1 / 127.5 + 1e-6)
+        np.testing.assert_array_equal(ours, keras_vit.preprocess_input(reference))
     cached = list(
         data.eval_pipeline(source, image_size=8, batch_size=2, mean=MEAN, std=STD, crop_pct=0.8, cache=True)
     )

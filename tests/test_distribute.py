@@ -13,17 +13,12 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import subprocess_env
 
 from keras_vit import distribute
 
 WORKER = os.path.join(os.path.dirname(__file__), "training_worker.py")
 TIMEOUT = 180
-
-
-def _env(**extra) -> dict:
-    env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_OFFLINE="1", **extra)
-    return env
 
 
 def test_get_strategy_default_and_auto_on_one_cpu(monkeypatch):
@@ -83,10 +78,15 @@ def test_clipping_fix_leaves_one_replica_alone():
     assert clipped[1] is None
 
 
+@pytest.mark.slow
 def test_mirrored_two_cpus_matches_one_device(tmp_path):
     out = tmp_path / "mirrored.json"
     subprocess.run(
-        [sys.executable, WORKER, "mirrored", str(out)], check=True, timeout=TIMEOUT, env=_env(), cwd=tmp_path
+        [sys.executable, WORKER, "mirrored", str(out)],
+        check=True,
+        timeout=TIMEOUT,
+        env=subprocess_env(),
+        cwd=tmp_path,
     )
     result = json.loads(out.read_text())
     assert result["one_device"]["replicas"] == 1 and result["mirrored"]["replicas"] == 2
@@ -109,6 +109,7 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
+@pytest.mark.slow
 def test_multi_worker_fit_two_processes(tmp_path):
     workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
     processes, outputs = [], []
@@ -119,7 +120,7 @@ def test_multi_worker_fit_two_processes(tmp_path):
         processes.append(
             subprocess.Popen(
                 [sys.executable, WORKER, "multi_worker", str(out)],
-                env=_env(TF_CONFIG=json.dumps(tf_config)),
+                env=subprocess_env(TF_CONFIG=json.dumps(tf_config)),
                 cwd=out.parent,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

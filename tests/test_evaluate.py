@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from conftest import random_images
 
 import keras_vit
 from keras_vit import data, evaluate, recipes
@@ -38,7 +39,7 @@ def test_feature_model_picks_the_pre_head_representation():
     with_pre_logits = keras_vit.build_vit(TINY, image_size=8, num_classes=4, representation_size=6)
     assert evaluate.feature_model(with_pre_logits).output_shape == (None, 6)
     plain = keras_vit.build_vit(TINY, image_size=8, num_classes=4)
-    images = np.random.default_rng(0).uniform(-1, 1, (2, 8, 8, 3)).astype("float32")
+    images = random_images(2, (8, 8))
     pooled = keras.Model(plain.input, plain.get_layer("pool").output)(images)
     np.testing.assert_allclose(evaluate.feature_model(plain)(images), pooled, rtol=1e-6)
     tokens = keras_vit.build_vit(TINY, image_size=8, include_top=False, pooling=None)
@@ -55,6 +56,7 @@ def _few_shot(model_or_fn, digits, **kwargs):
     return evaluate.few_shot(model_or_fn, train, test, shots=(5, 25), repeats=2, batch_size=2048, **kwargs)
 
 
+@pytest.mark.slow
 def test_few_shot_trained_model_beats_random_features(digits):
     keras.utils.set_random_seed(0)
     model = keras_vit.build_vit(TINY, image_size=8, num_classes=10)

@@ -9,6 +9,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from conftest import random_images
 
 import keras_vit
 from keras_vit import inspect as vit_inspect
@@ -27,10 +28,6 @@ def _randomise(model, seed=0):
     rng = np.random.default_rng(seed)
     model.set_weights([rng.normal(0.0, 0.3, w.shape).astype("float32") for w in model.get_weights()])
     return model
-
-
-def _images(batch, height, width, seed=1):
-    return np.random.default_rng(seed).uniform(-1, 1, (batch, height, width, 3)).astype("float32")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +71,7 @@ def _hand_attention(model, block_name, images):
 
 
 def test_attention_weights_shapes_and_rows_sum_to_one(tiny):
-    images = _images(3, 24, 40)
+    images = random_images(3, (24, 40), seed=1)
     weights = vit_inspect.attention_weights(tiny, images, batch_size=2)  # 2 batches: 2 + 1
     assert len(weights) == TINY.depth
     for block in weights:
@@ -87,7 +84,7 @@ def test_attention_weights_shapes_and_rows_sum_to_one(tiny):
 
 @pytest.mark.parametrize("block_index", range(TINY.depth))
 def test_attention_weights_equal_hand_computation(tiny, block_index):
-    images = _images(2, 24, 40)
+    images = random_images(2, (24, 40), seed=1)
     expected = _hand_attention(tiny, f"block_{block_index}", images)
     weights = vit_inspect.attention_weights(tiny, images)[block_index]
     np.testing.assert_allclose(weights, expected, atol=2e-5)
@@ -96,7 +93,7 @@ def test_attention_weights_equal_hand_computation(tiny, block_index):
 
 
 def test_hybrid_attention_weights_equal_hand_computation(hybrid):
-    images = _images(2, 32, 32)
+    images = random_images(2, (32, 32), seed=1)
     weights = vit_inspect.attention_weights(hybrid, images)
     assert [w.shape for w in weights] == [(2, 2, 17, 17)] * TINY_HYBRID.depth
     assert vit_inspect.token_grid(hybrid) == (4, 4)
@@ -105,19 +102,19 @@ def test_hybrid_attention_weights_equal_hand_computation(hybrid):
 
 def test_attention_weights_refuse_wrong_inputs(tiny):
     with pytest.raises(ValueError, match="image_size"):
-        vit_inspect.attention_weights(tiny, _images(1, 32, 32))
+        vit_inspect.attention_weights(tiny, random_images(1, (32, 32), seed=1))
     with pytest.raises(ValueError, match="batch axis"):
-        vit_inspect.attention_weights(tiny, _images(1, 24, 40)[0])
+        vit_inspect.attention_weights(tiny, random_images(1, (24, 40), seed=1)[0])
     with pytest.raises(ValueError, match="batch_size"):
-        vit_inspect.attention_weights(tiny, _images(1, 24, 40), batch_size=0)
+        vit_inspect.attention_weights(tiny, random_images(1, (24, 40), seed=1), batch_size=0)
     not_a_vit = keras.Sequential([keras.Input((24, 40, 3)), keras.layers.Flatten()])
-    with pytest.raises(ValueError, match="patch_embed"):
-        vit_inspect.attention_weights(not_a_vit, _images(1, 24, 40))
+    with pytest.raises(ValueError, match="not a keras_vit.ViT"):
+        vit_inspect.attention_weights(not_a_vit, random_images(1, (24, 40), seed=1))
 
 
 def test_inspecting_leaves_the_model_unchanged(tiny, hybrid):
     for model, size in ((tiny, (24, 40)), (hybrid, (32, 32))):
-        images = _images(1, *size)
+        images = random_images(1, size, seed=1)
         before = keras.ops.convert_to_numpy(model(images))
         vit_inspect.attention_rollout(model, images)
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(model(images)), before)
@@ -178,7 +175,7 @@ def test_rollout_rejects_bad_arguments(rng):
 
 def test_attention_rollout_maps_are_normalised_at_input_resolution(tiny, hybrid):
     for model, size in ((tiny, (24, 40)), (hybrid, (32, 32))):
-        images = _images(3, *size)
+        images = random_images(3, size, seed=1)
         maps = vit_inspect.attention_rollout(model, images, discard_ratio=0.5, batch_size=2)
         assert maps.shape == (3, *size)
         assert np.all(maps >= 0)
@@ -197,7 +194,7 @@ def _smooth(values, axis):
 
 
 def test_attention_rollout_maps_are_the_upsampled_class_row(tiny):
-    images = _images(1, 24, 40)
+    images = random_images(1, (24, 40), seed=1)
     rolled = vit_inspect.rollout(vit_inspect.attention_weights(tiny, images))
     class_row = rolled[0, 0, 1:].reshape(3, 5)  # the [class] token's row, patch tokens only
     heatmap = vit_inspect.attention_rollout(tiny, images)[0]
@@ -245,12 +242,11 @@ def test_attention_distance_of_synthetic_heads():
 
 
 def test_mean_attention_distance_of_a_uniform_head_is_analytic(tiny):
-    model = keras.models.clone_model(tiny)
-    model.set_weights(tiny.get_weights())
-    attention = model.get_layer("block_1").attention
+    model = tiny.rebuild()  # a copy: same config, same weights
+    attention = model.blocks[1].attention
     for dense in (attention.query_dense, attention.key_dense):  # q.k = 0: uniform attention
         dense.set_weights([np.zeros_like(w) for w in dense.get_weights()])
-    distances = vit_inspect.mean_attention_distance(model, _images(3, 24, 40), batch_size=2)
+    distances = vit_inspect.mean_attention_distance(model, random_images(3, (24, 40), seed=1), batch_size=2)
     assert distances.shape == (TINY.depth, TINY.num_heads)
     expected = _brute_force_mean_distance(3, 5, 8.0, 8.0)
     np.testing.assert_allclose(distances[1], expected, rtol=1e-5)
@@ -259,7 +255,7 @@ def test_mean_attention_distance_of_a_uniform_head_is_analytic(tiny):
 
 
 def test_mean_attention_distance_averages_images(tiny):
-    images = _images(3, 24, 40)
+    images = random_images(3, (24, 40), seed=1)
     weights = vit_inspect.attention_weights(tiny, images)
     expected = [vit_inspect.attention_distance(w, (3, 5), 8.0).mean(0) for w in weights]
     np.testing.assert_allclose(
@@ -268,10 +264,12 @@ def test_mean_attention_distance_averages_images(tiny):
 
 
 def test_hybrid_attention_distance_counts_pixels_not_feature_cells(hybrid):
-    weights = vit_inspect.attention_weights(hybrid, _images(1, 32, 32))
+    weights = vit_inspect.attention_weights(hybrid, random_images(1, (32, 32), seed=1))
     expected = vit_inspect.attention_distance(weights[0], (4, 4), 8.0).mean(0)  # 32 px / 4 tokens
     np.testing.assert_allclose(
-        vit_inspect.mean_attention_distance(hybrid, _images(1, 32, 32))[0], expected, rtol=1e-5
+        vit_inspect.mean_attention_distance(hybrid, random_images(1, (32, 32), seed=1))[0],
+        expected,
+        rtol=1e-5,
     )
 
 

@@ -6,6 +6,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from conftest import TIMM_NAMES, count_params_without_weights, random_images
 
 import keras_vit
 from keras_vit.variants import VARIANTS
@@ -24,21 +25,6 @@ REFERENCE_PARAMS = {
     "vit_l32": 306_535_400,
     "vit_h14": 632_045_800,
 }
-TIMM_NAMES = {
-    "vit_ti16": "vit_tiny_patch16_224",
-    "vit_s16": "vit_small_patch16_224",
-    "vit_s32": "vit_small_patch32_224",
-    "vit_b8": "vit_base_patch8_224",
-    "vit_b16": "vit_base_patch16_224",
-    "vit_b32": "vit_base_patch32_224",
-    "vit_l16": "vit_large_patch16_224",
-    "vit_l32": "vit_large_patch32_224",
-    "vit_h14": "vit_huge_patch14_224",
-}
-
-
-def _images(batch=2, size=(224, 224), channels=3, seed=0):
-    return np.random.default_rng(seed).uniform(-1, 1, (batch, *size, channels)).astype("float32")
 
 
 def _randomise_head(model):
@@ -65,31 +51,35 @@ def _timm_param_count(timm_name: str) -> int:
 
 @pytest.mark.parametrize("name", PLAIN)
 def test_parameter_count_matches_reference(name):
-    model = getattr(keras_vit, name)()
-    assert model.count_params() == REFERENCE_PARAMS[name]
-    assert model.count_params() == _timm_param_count(TIMM_NAMES[name])
-    del model
-    keras.backend.clear_session()
+    # Variable shapes only (no weights allocated): ViT-H/14 alone would take 2.5 GB and seconds.
+    count = count_params_without_weights(getattr(keras_vit, name))
+    assert count == REFERENCE_PARAMS[name]
+    assert count == _timm_param_count(TIMM_NAMES[name])
+
+
+def test_parameter_count_without_weights_is_the_built_models():
+    built = keras_vit.vit_ti16().count_params()
+    assert count_params_without_weights(keras_vit.vit_ti16) == built == REFERENCE_PARAMS["vit_ti16"]
 
 
 @pytest.mark.parametrize("size", [224, 384])
 def test_forward_gives_logits(size):
     model = keras_vit.vit_ti16(image_size=size, num_classes=7)
-    out = model(_images(size=(size, size)))
+    out = model(random_images(size=(size, size)))
     assert out.shape == (2, 7)
     assert model.get_layer("pos_embed").embedding.shape == (1, 1 + (size // 16) ** 2, 192)
 
 
 def test_vit_b16_forward_and_head_is_zero():
     model = keras_vit.vit_b16()
-    logits = keras.ops.convert_to_numpy(model(_images()))
+    logits = keras.ops.convert_to_numpy(model(random_images()))
     assert logits.shape == (2, 1000)
     np.testing.assert_array_equal(logits, 0.0)  # zero-initialised head (paper §3.2)
 
 
 def test_non_square_images():
     model = keras_vit.vit_s32(image_size=(224, 320), num_classes=5)
-    assert model(_images(size=(224, 320))).shape == (2, 5)
+    assert model(random_images(size=(224, 320))).shape == (2, 5)
     assert model.get_layer("pos_embed").grid_size == (7, 10)
 
 
@@ -104,7 +94,7 @@ def test_non_square_images():
 )
 def test_include_top_false_outputs(kwargs, shape):
     model = keras_vit.vit_ti16(include_top=False, **kwargs)
-    assert model(_images()).shape == shape
+    assert model(random_images()).shape == shape
     assert model.output_shape == (None, *shape[1:])
 
 
@@ -114,7 +104,7 @@ def test_pooling_semantics_match_numpy():
     token_model = keras_vit.vit_ti16(include_top=False, pooling="token")
     gap_model.set_weights(tokens_model.get_weights())
     token_model.set_weights(tokens_model.get_weights())
-    x = _images()
+    x = random_images()
     tokens = keras.ops.convert_to_numpy(tokens_model(x))
     np.testing.assert_allclose(gap_model(x), tokens[:, 1:].mean(axis=1), atol=1e-5)
     np.testing.assert_allclose(token_model(x), tokens[:, 0], atol=1e-6)
@@ -124,7 +114,7 @@ def test_representation_layer_and_classifier_activation():
     model = keras_vit.vit_ti16(representation_size=192, num_classes=4, classifier_activation="softmax")
     assert model.get_layer("pre_logits").units == 192
     _randomise_head(model)
-    probs = keras.ops.convert_to_numpy(model(_images()))
+    probs = keras.ops.convert_to_numpy(model(random_images()))
     np.testing.assert_allclose(probs.sum(axis=-1), 1.0, atol=1e-5)
 
 
@@ -136,11 +126,12 @@ def test_mixed_precision_gives_float32_logits(policy):
     block = model.get_layer("block_0")
     assert block.compute_dtype == policy.split("_")[1]
     assert block.attention.query_dense.kernel.dtype == "float32"
-    logits = model(_images())
+    logits = model(random_images())
     assert keras.backend.standardize_dtype(logits.dtype) == "float32"
     assert np.isfinite(keras.ops.convert_to_numpy(logits)).all()
 
 
+@pytest.mark.slow
 def test_mixed_precision_trains_one_step():
     keras.config.set_dtype_policy("mixed_bfloat16")
     # A two-block model: tracing a training step costs ~0.1 s per variable in TF, the math is the same.
@@ -149,14 +140,15 @@ def test_mixed_precision_trains_one_step():
     )
     model = keras_vit.build_vit(tiny, image_size=64, num_classes=3, dropout=0.1, drop_path_rate=0.1)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    history = model.fit(_images(4, (64, 64)), np.array([0, 1, 2, 0]), epochs=1, verbose=0)
+    history = model.fit(random_images(4, (64, 64)), np.array([0, 1, 2, 0]), epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
 
 
+@pytest.mark.slow
 def test_keras_file_round_trip(tmp_path):
     model = keras_vit.vit_ti16(image_size=(64, 96), num_classes=4, representation_size=32, drop_path_rate=0.1)
     _randomise_head(model)
-    x = _images(size=(64, 96))
+    x = random_images(size=(64, 96))
     expected = keras.ops.convert_to_numpy(model(x))
     path = tmp_path / "vit.keras"
     model.save(path)
@@ -186,9 +178,9 @@ def test_image_size_not_divisible_by_patch():
 def test_channel_mismatch_names_the_fix():
     model = keras_vit.vit_ti16(image_size=32, num_classes=2)
     with pytest.raises(ValueError, match=r"built for images with 3 channels but received 1.*channels=1"):
-        model(_images(size=(32, 32), channels=1))
+        model(random_images(size=(32, 32), channels=1))
     grayscale = keras_vit.vit_ti16(image_size=32, num_classes=2, channels=1)
-    assert grayscale(_images(size=(32, 32), channels=1)).shape == (2, 2)
+    assert grayscale(random_images(size=(32, 32), channels=1)).shape == (2, 2)
     with pytest.raises(ValueError, match="channels must be a positive int"):
         keras_vit.vit_ti16(channels=0)
 
@@ -204,10 +196,11 @@ def test_bad_arguments_raise_clear_errors():
         keras_vit.vit_ti16(image_size="big")
 
 
+@pytest.mark.slow
 def test_xla_compiled_predict_matches_eager():
     model = keras_vit.vit_ti16(image_size=64, num_classes=3)
     _randomise_head(model)
-    x = _images(size=(64, 64))
+    x = random_images(size=(64, 64))
     eager = keras.ops.convert_to_numpy(model(x))
     model.compile(jit_compile=True)
     np.testing.assert_allclose(model.predict(x, verbose=0), eager, atol=1e-5)

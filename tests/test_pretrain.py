@@ -1,7 +1,6 @@
 """Masked patch prediction: corruption statistics, targets, masked loss, training, transfer, CLI."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -10,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import subprocess_env
 from keras import ops
 
 import keras_vit
@@ -140,6 +140,7 @@ def test_uncorrupted_patches_carry_no_loss():
         assert np.all(gradient[corrupted == 0] == 0) and np.any(gradient[corrupted == 1] != 0), kind
 
 
+@pytest.mark.slow
 def test_pretrain_cli_loss_falls_on_digits_and_backbone_transfers(tmp_path):
     out = tmp_path / "mpp"
     code = cli_main(
@@ -186,6 +187,7 @@ def test_pretrain_cli_loss_falls_on_digits_and_backbone_transfers(tmp_path):
     assert tuned["parameters"] == classifier.count_params()
 
 
+@pytest.mark.slow
 def test_model_round_trips_and_trains_its_backbone(tmp_path):
     model = pretrain.masked_patch_model(TINY, target="grid_4x4", seed=3)
     assert model.classes == 512 and model.cells == 16
@@ -219,10 +221,14 @@ def test_hybrid_and_classifier_backbones():
     assert model.pixel_patch == 4  # the stem's stride 4, patch 1 on its 8x8 feature map
     outputs = model(_normalised(np.random.default_rng(0).random((2, 32, 32, 3))))
     assert outputs["predictions"].shape == (2, 64, 1, 512) and outputs["corrupted"].shape == (2, 64)
-    # A classifier's layers serve too (its pooling and head are left out) and it is trained in place.
+    # A classifier serves too: its weights are copied into a token-output backbone (no pooling, no head).
     classifier = keras_vit.build_vit(TINY, image_size=16, num_classes=5)
     predictor = pretrain.masked_patch_model(classifier)
-    assert predictor.backbone.get_layer("block_1") is classifier.get_layer("block_1")
+    assert predictor.backbone.config.pooling is None and predictor.backbone.head is None
+    for ours, theirs in zip(predictor.backbone.blocks, classifier.blocks, strict=True):
+        assert ours is not theirs
+        for a, b in zip(ours.get_weights(), theirs.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
     regression = pretrain.masked_patch_model(classifier, target="regression")
     assert regression(np.zeros((1, 16, 16, 3), "float32"))["predictions"].shape == (1, 16, 48)
 
@@ -246,7 +252,7 @@ def test_bad_arguments_raise_clear_errors():
         )
     with pytest.raises(ValueError, match="image height 18 is not divisible"):
         pretrain.masked_patch_model(TINY, image_size=18)
-    with pytest.raises(ValueError, match="not a keras_vit ViT"):
+    with pytest.raises(ValueError, match="not a keras_vit.ViT"):
         pretrain.to_classifier(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), 3)
     with pytest.raises(ValueError, match="num_classes must be a positive int"):
         pretrain.to_classifier(keras_vit.build_vit(TINY, image_size=16, include_top=False, pooling=None), 0)
@@ -279,17 +285,16 @@ MIRRORED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_mirrored_two_cpus_matches_one_device(tmp_path):
     """Per-replica corruption draws and loss scaling: 2 replicas train exactly as one device.
 
     With `random_rate=0` nothing depends on how the batch is split (random replacements come
     from the replica's share), so the runs agree to float rounding.
     """
-    env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_OFFLINE="1")
     done = subprocess.run(
         [sys.executable, "-c", MIRRORED, str(tmp_path)],
-        capture_output=True, text=True, timeout=TIMEOUT, env=env, check=False,
+        capture_output=True, text=True, timeout=TIMEOUT, env=subprocess_env(), check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

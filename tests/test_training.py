@@ -10,6 +10,7 @@ import time
 import keras
 import numpy as np
 import pytest
+from conftest import subprocess_env
 
 import keras_vit
 from keras_vit import training
@@ -38,12 +39,6 @@ TINY_CLI = [
 ]  # fmt: skip
 
 
-def _env() -> dict:
-    env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_OFFLINE="1")
-    return env
-
-
 def test_plan_steps():
     assert training._plan_steps(22, None, 40, None) == (22, 40)
     assert training._plan_steps(22, None, 2.5, 10) == (10, 6)  # 55 steps rounded up to whole epochs
@@ -56,7 +51,7 @@ def test_plan_steps():
 
 
 def test_model_config_overrides_and_errors():
-    assert training.model_config("vit_digits") is training.SMALL_MODELS["vit_digits"]
+    assert training.model_config("vit_digits") is keras_vit.VARIANTS["vit_digits"]
     assert training.model_config("vit_b16", depth=None) is keras_vit.VARIANTS["vit_b16"]
     custom = training.model_config("vit_digits", hidden_size=32, depth=2)
     assert (custom.name, custom.hidden_size, custom.depth) == ("vit_digits_custom", 32, 2)
@@ -111,6 +106,7 @@ class _RecordWeights(keras.callbacks.Callback):
         self.steps.append([keras.ops.convert_to_numpy(v) for v in self.model.trainable_variables])
 
 
+@pytest.mark.slow
 def test_ema_weights_differ_from_raw_and_are_saved(tmp_path):
     momentum = 0.5
     record = _RecordWeights()
@@ -136,6 +132,7 @@ def test_ema_weights_differ_from_raw_and_are_saved(tmp_path):
     assert not (tmp_path / "backup").exists()  # removed once the run is complete
 
 
+@pytest.mark.slow
 def test_mixed_precision_trains(tmp_path):
     result = training.train(
         TINY, output_dir=tmp_path, steps=1, steps_per_epoch=1, batch_size=32, precision="mixed_bfloat16",
@@ -161,17 +158,18 @@ def _state_epoch(backup: str) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_cli_train_sigkill_resume_is_bit_identical(tmp_path):
     """`keras-vit train` end to end; a run killed mid-way and restarted ends bit-identical."""
     cli = [sys.executable, "-m", "keras_vit.cli"]
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
     reference = subprocess.Popen(
         [*cli, *TINY_CLI, "--output-dir", str(reference_dir)],
-        env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=subprocess_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     killed = subprocess.Popen(
         [sys.executable, WORKER, "slow-cli", *TINY_CLI, "--output-dir", str(resumed_dir)],
-        env=_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + TIMEOUT
@@ -193,7 +191,7 @@ def test_cli_train_sigkill_resume_is_bit_identical(tmp_path):
 
     resumed = subprocess.run(
         [*cli, *TINY_CLI, "--output-dir", str(resumed_dir)],
-        env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
+        env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
 

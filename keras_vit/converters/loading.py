@@ -19,8 +19,7 @@ from keras_vit.converters import common, convert_google_npz, convert_hf, convert
 from keras_vit.converters.common import CanonicalTensor, Conversion
 from keras_vit.converters.errors import CheckpointError
 from keras_vit.converters.reading import read_checkpoint, resolve_checkpoint_file
-from keras_vit.hybrid import PREFIX as STEM_PREFIX
-from keras_vit.variants import VARIANTS, WIDTHS
+from keras_vit.variants import VARIANTS, WIDTHS, ViTConfig, config_of
 
 __all__ = ["FORMATS", "CheckpointInfo", "detect_format", "inspect_checkpoint", "load_checkpoint"]
 
@@ -254,21 +253,20 @@ def _source_grid(pos_embed: np.ndarray, checkpoint: _Checkpoint, layer) -> tuple
 def _model_targets(model: keras.Model) -> dict[str, keras.Variable]:
     """Every Transformer weight of `model` by its path relative to the model (`block_0/fc1/kernel`).
 
-    A hybrid's ResNet stem (layers `resnet_*`) is left out: `resnet_stem.stem_weights` maps it.
+    A hybrid's ResNet stem (`model.stem`) is left out: `resnet_stem.stem_weights` maps it.
     """
+    stem = {id(layer) for layer in model.stem.values()}
     return {
         layer.name + variable.path[len(layer.path) :]: variable
         for layer in model.layers
-        if not layer.name.startswith(STEM_PREFIX)
+        if id(layer) not in stem
         for variable in layer.weights
     }
 
 
-def _stem_assignments(
-    model: keras.Model, layers: dict[str, keras.layers.Layer], checkpoint: _Checkpoint
-) -> list[tuple[keras.Variable, np.ndarray]]:
+def _stem_assignments(model: keras.Model, checkpoint: _Checkpoint) -> list[tuple[keras.Variable, np.ndarray]]:
     """The (variable, value) pairs of a hybrid's ResNet stem; an error if only one side is hybrid."""
-    model_is_hybrid = f"{STEM_PREFIX}conv_root" in layers
+    model_is_hybrid = model.config.is_hybrid
     if not checkpoint.stem and not model_is_hybrid:
         return []
     if not checkpoint.stem:
@@ -285,12 +283,10 @@ def _stem_assignments(
     return resnet_stem.stem_weights(checkpoint.stem, checkpoint.format, model)
 
 
-def _model_summary(layers: dict[str, keras.layers.Layer]) -> str:
-    blocks = [name for name in layers if _BLOCK_NAME.fullmatch(name)]
-    first, patch = layers["block_0"], layers["patch_embed"]
+def _model_summary(config: ViTConfig) -> str:
     return (
-        f"hidden_size {patch.hidden_size}, depth {len(blocks)}, num_heads {first.num_heads}, "
-        f"mlp_dim {first.mlp_dim}, patch_size {patch.patch_size}"
+        f"hidden_size {config.hidden_size}, depth {config.depth}, num_heads {config.num_heads}, "
+        f"mlp_dim {config.mlp_dim}, patch_size {config.patch_size}"
     )
 
 
@@ -306,12 +302,10 @@ def _checkpoint_summary(checkpoint: _Checkpoint, conversion: Conversion) -> str:
     )
 
 
-def _skipped_parts(
-    layers: dict[str, keras.layers.Layer], tensors: dict[str, CanonicalTensor]
-) -> tuple[bool, bool, list[str]]:
+def _skipped_parts(model: keras.Model, tensors: dict[str, CanonicalTensor]) -> tuple[bool, bool, list[str]]:
     """Whether the head and the pre-logits layer stay out of the load, and the warnings that say so."""
     notes = []
-    head = layers.get("head")
+    head = model.head
     checkpoint_head = tensors.get(common.HEAD_KERNEL) or tensors.get(common.HEAD_BIAS)
     skip_head = head is None or checkpoint_head is None or checkpoint_head.value.shape[-1] != head.units
     if head is not None and checkpoint_head is None:
@@ -322,7 +316,7 @@ def _skipped_parts(
             f"{head.units}: the head is not loaded and keeps its zero initialisation (paper §3.2), "
             "to be fine-tuned."
         )
-    skip_pre_logits = "pre_logits" not in layers
+    skip_pre_logits = model.pre_logits is None
     if skip_pre_logits and common.PRE_LOGITS_KERNEL in tensors:
         width = tensors[common.PRE_LOGITS_KERNEL].value.shape[-1]
         notes.append(
@@ -363,23 +357,17 @@ def load_checkpoint(
     any weight is changed. LayerNorm epsilon is the model's (1e-6, Google's value) whatever the
     transformers `config.json` says (its default 1e-12 differs from 1e-6 by ~1e-6 relative).
     """
-    layers = {layer.name: layer for layer in model.layers}
-    missing_layers = [
-        name for name in ("patch_embed", "class_token", "pos_embed", "block_0") if name not in layers
-    ]
-    if missing_layers:
-        raise CheckpointError(
-            f"Model {model.name!r} has no {missing_layers} layers: checkpoints load into keras_vit models "
-            "(keras_vit.create_model / build_vit)."
-        )
-    model_heads = layers["block_0"].num_heads
+    try:
+        model_heads = config_of(model).num_heads
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoints load into keras_vit models only. {error}") from None
     checkpoint = _read(source, format)
     conversion = checkpoint.module.convert(checkpoint.flat, model_heads)
     tensors = conversion.tensors
     targets = _model_targets(model)
-    skip_head, skip_pre_logits, notes = _skipped_parts(layers, tensors)
+    skip_head, skip_pre_logits, notes = _skipped_parts(model, tensors)
 
-    assignments = _stem_assignments(model, layers, checkpoint)
+    assignments = _stem_assignments(model, checkpoint)
     resized_pos_embed: tuple[np.ndarray, tuple[int, int]] | None = None
     mismatched, unused, problems = [], [_describe_key(key, checkpoint.flat) for key in conversion.unused], []
     for name, tensor in tensors.items():
@@ -397,11 +385,11 @@ def load_checkpoint(
             and value.shape[2] == expected[2]
         ):
             try:
-                source_grid = _source_grid(value, checkpoint, layers["pos_embed"])
+                source_grid = _source_grid(value, checkpoint, model.pos_embed)
             except CheckpointError as error:
                 problems.append(str(error))
                 continue
-            if source_grid != tuple(layers["pos_embed"].grid_size):
+            if source_grid != tuple(model.pos_embed.grid_size):
                 resized_pos_embed = value, source_grid
                 continue
         if name == common.PATCH_KERNEL and value.ndim == 4 and len(expected) == 4:
@@ -425,7 +413,7 @@ def load_checkpoint(
         sections = [
             f"The {checkpoint.format} checkpoint {checkpoint.label} "
             f"({_checkpoint_summary(checkpoint, conversion)}) does not fit model {model.name!r} "
-            f"({_model_summary(layers)}):"
+            f"({_model_summary(model.config)}):"
         ]
         for title, lines in (
             ("shapes differ (checkpoint key and shape -> model weight and shape)", mismatched),
@@ -444,7 +432,7 @@ def load_checkpoint(
         variable.assign(np.asarray(value, dtype=variable.dtype))
     if resized_pos_embed is not None:
         value, old_grid = resized_pos_embed
-        layers["pos_embed"].assign_resized(np.asarray(value, dtype=np.float32), old_grid=old_grid)
+        model.pos_embed.assign_resized(np.asarray(value, dtype=np.float32), old_grid=old_grid)
     for note in notes:
         warnings.warn(note, stacklevel=2)
 

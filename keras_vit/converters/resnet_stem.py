@@ -27,13 +27,12 @@ import numpy as np
 
 from keras_vit.converters.common import adapt_input_conv
 from keras_vit.converters.errors import CheckpointError
-from keras_vit.hybrid import PREFIX
+from keras_vit.hybrid import stem_units
 
 __all__ = ["FORMATS", "DEFAULT_PREFIXES", "is_stem_key", "resnet_stages", "stem_name_map", "stem_weights"]
 
 FORMATS = ("timm", "google_npz")
 DEFAULT_PREFIXES = {"timm": "patch_embed.backbone.", "google_npz": ""}
-_UNIT = re.compile(rf"^{PREFIX}block(\d+)_unit(\d+)$")
 _NPZ_STEM = re.compile(r"(conv_root|gn_root|block\d+/unit\d+)/.+")
 _SOURCE_UNIT = {
     "timm": re.compile(r"stages\.(\d+)\.blocks\.(\d+)\..+"),
@@ -80,20 +79,15 @@ def resnet_stages(keys: Collection[str], fmt: str, prefix: str | None = None) ->
     return stages
 
 
-def _units(model: keras.Model) -> list[tuple[int, int, keras.layers.Layer]]:
-    """(stage, unit, layer) for every bottleneck unit of `model`, in order; errors if no stem."""
-    names = {layer.name for layer in model.layers}
-    if f"{PREFIX}conv_root" not in names:
+def _stem(model: keras.Model) -> dict[str, keras.layers.Layer]:
+    """The model's ResNet layers by original name (`ViT.stem`); an error for a plain ViT."""
+    stem = getattr(model, "stem", None)
+    if not stem:
         raise CheckpointError(
-            f"Model {model.name!r} has no hybrid ResNet stem (no layer '{PREFIX}conv_root'): "
-            "stem weights only load into hybrid models such as vit_r50_b16."
+            f"Model {model.name!r} has no hybrid ResNet stem: stem weights only load into hybrid "
+            "models such as vit_r50_b16."
         )
-    units = []
-    for layer in model.layers:
-        match = _UNIT.match(layer.name)
-        if match:
-            units.append((int(match.group(1)), int(match.group(2)), layer))
-    return sorted(units, key=lambda item: item[:2])
+    return stem
 
 
 def _conv_keys(fmt: str, base: str, conv: str) -> str:
@@ -113,9 +107,9 @@ def stem_name_map(model: keras.Model, fmt: str, prefix: str | None = None) -> di
     """
     _check_format(fmt)
     prefix = DEFAULT_PREFIXES[fmt] if prefix is None else prefix
-    units = _units(model)
-    conv_root = model.get_layer(f"{PREFIX}conv_root")
-    gn_root = model.get_layer(f"{PREFIX}gn_root")
+    stem = _stem(model)
+    conv_root, gn_root = stem["conv_root"], stem["gn_root"]
+    units = [(stage, unit, stem[f"block{stage}/unit{unit}"]) for stage, unit in stem_units(model.config)]
 
     mapping: dict[str, keras.Variable] = {}
 
@@ -178,7 +172,7 @@ def stem_weights(
             f"{extra[:3]}): it was trained with more ResNet units or stages; build that variant."
         )
     pairs, mismatched = [], []
-    root_kernel = model.get_layer(f"{PREFIX}conv_root").kernel
+    root_kernel = _stem(model)["conv_root"].kernel
     for key, variable in mapping.items():
         value = np.asarray(state[key], dtype=np.float32)
         if value.ndim == 4 and fmt == "timm":

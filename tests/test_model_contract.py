@@ -1,0 +1,177 @@
+"""The model contract (`keras_vit.ViT` carries its config and names its parts), the registry, lazy imports."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import ViT, ViTConfig
+
+TINY = ViTConfig(
+    "tiny_contract", patch_size=4, hidden_size=16, depth=2, num_heads=2, mlp_dim=32, image_size=16
+)
+TINY_HYBRID = ViTConfig(
+    "tiny_hybrid_contract", 1, 32, 1, 2, 64, resnet_stages=(1, 2), image_size=32
+)  # root, stage 1 (1 unit), stage 2 (2 units)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _randomised(model: keras.Model, seed: int = 0) -> keras.Model:
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        weight.assign(rng.normal(0, 0.2, weight.shape).astype("float32"))
+    return model
+
+
+def _images(batch: int, size: int, seed: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+
+
+def test_every_registry_row_has_a_one_line_factory():
+    assert keras_vit.list_models() == sorted(keras_vit.VARIANTS)
+    assert "vit_digits" in keras_vit.list_models()  # the small CPU model lives in the same registry
+    for name, config in keras_vit.VARIANTS.items():
+        factory = getattr(keras_vit, name)
+        assert factory.__name__ == name and config.description in factory.__doc__
+        assert config.name == name
+    model = keras_vit.vit_digits(num_classes=10)
+    assert isinstance(model, ViT) and model.config == keras_vit.VARIANTS["vit_digits"]
+    assert model.output_shape == (None, 10) and model.name == "vit_digits"
+
+
+def test_model_carries_its_config_and_parts_by_role():
+    model = keras_vit.build_vit(TINY, image_size=(16, 24), num_classes=3, representation_size=8)
+    assert model.config == TINY.replace(image_size=(16, 24)) and model.image_shape == (16, 24, 3)
+    assert model.patch_embed.patch_size == 4 and model.pos_embed.grid_size == (4, 6)
+    assert [block.name for block in model.blocks] == ["block_0", "block_1"]
+    assert model.class_token is not None and model.encoder_norm.epsilon == 1e-6
+    assert model.pool.mode == "token" and model.pre_logits.units == 8 and model.head.units == 3
+    assert model.stem == {}
+    features = keras_vit.build_vit(TINY, include_top=False, pooling=None)
+    assert features.head is None and features.pool is None and features.output_shape == (None, 17, 16)
+
+
+def test_hybrid_stem_by_original_checkpoint_names():
+    model = keras_vit.build_vit(TINY_HYBRID)
+    assert list(model.stem) == ["conv_root", "gn_root", "block1/unit1", "block2/unit1", "block2/unit2"]
+    assert model.stem["block2/unit1"].strides == 2 and model.stem["block2/unit2"].strides == 1
+    assert model.stem["conv_root"].filters == 64 and model.patch_embed.input.shape[1:3] == (4, 4)
+
+
+def test_class_token_free_model_pools_the_patches():
+    model = _randomised(keras_vit.build_vit(TINY, class_token=False, pooling="gap", num_classes=3))
+    assert model.class_token is None and model.pos_embed.num_prefix_tokens == 0
+    assert model.pos_embed.embedding.shape == (1, 16, 16)
+    tokens = model.token_model()(_images(2, 16))
+    pooled = keras.ops.convert_to_numpy(model.feature_model()(_images(2, 16)))
+    np.testing.assert_allclose(pooled, keras.ops.convert_to_numpy(tokens).mean(axis=1), atol=1e-6)
+    with pytest.raises(ValueError, match="pooling='token' reads the \\[class\\] token.*pooling='gap'"):
+        keras_vit.build_vit(TINY, class_token=False)
+
+
+def test_keras_round_trip_keeps_the_config(tmp_path):
+    for config in (TINY.replace(pooling="gap"), TINY_HYBRID.replace(stem_numerics="jax")):
+        model = _randomised(keras_vit.build_vit(config, num_classes=5, dropout=0.1, pretrained_tag="x.y"))
+        path = tmp_path / f"{config.name}.keras"
+        model.save(path)
+        loaded = keras.saving.load_model(path)
+        assert type(loaded) is ViT and loaded.config == model.config
+        assert loaded.get_config() == model.get_config() and loaded.pretrained_tag == "x.y"
+        images = _images(2, config.image_hw[0])
+        np.testing.assert_array_equal(loaded.predict(images, verbose=0), model.predict(images, verbose=0))
+        saved = json.loads(zipfile.ZipFile(path).read("config.json"))
+        assert saved["class_name"] == "ViT" and saved["config"]["config"]["name"] == config.name
+
+
+def test_with_head_and_without_head_copy_the_weights():
+    model = _randomised(keras_vit.build_vit(TINY, num_classes=5))
+    before = [w.copy() for w in model.get_weights()]
+    classifier = model.with_head(7, drop_path_rate=0.1)
+    assert isinstance(classifier, ViT) and classifier.head.units == 7 and classifier.drop_path_rate == 0.1
+    assert not np.any(keras.ops.convert_to_numpy(classifier.head.kernel))  # a new zero head (paper §3.2)
+    for ours, theirs in zip(classifier.blocks, model.blocks, strict=True):
+        for a, b in zip(ours.get_weights(), theirs.get_weights(), strict=True):
+            np.testing.assert_array_equal(a, b)
+    tokens = model.without_head(pooling=None)
+    assert tokens.output_shape == (None, 17, 16) and tokens.config.pooling is None
+    np.testing.assert_array_equal(
+        tokens.predict(_images(1, 16), verbose=0), model.token_model().predict(_images(1, 16), verbose=0)
+    )
+    features = model.without_head()
+    np.testing.assert_array_equal(
+        features.predict(_images(1, 16), verbose=0), model.feature_model().predict(_images(1, 16), verbose=0)
+    )
+    for a, b in zip(model.get_weights(), before, strict=True):  # the original is untouched
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="Unknown argument"):
+        model.rebuild(colour="blue")
+
+
+def test_views_share_the_weights():
+    model = _randomised(keras_vit.build_vit(TINY, num_classes=5))
+    view = model.feature_model()
+    model.blocks[0].norm1.gamma.assign(np.zeros(16, "float32"))
+    assert view.get_layer("block_0") is model.blocks[0]
+
+
+def test_config_and_factory_arguments_are_checked():
+    with pytest.raises(TypeError, match="Unknown argument.*'colour'"):
+        keras_vit.vit_digits(colour="blue")
+    with pytest.raises(TypeError, match="Unknown ViTConfig field"):
+        TINY.replace(width=3)
+    with pytest.raises(ValueError, match="not divisible by num_heads"):
+        TINY.replace(num_heads=3)
+    with pytest.raises(TypeError, match="config must be a keras_vit.ViTConfig"):
+        ViT("vit_b16")
+    with pytest.raises(ValueError, match="not a keras_vit.ViT"):
+        keras_vit.load_weights(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), "x.npz")
+
+
+def _run(code: str) -> str:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_import_and_cli_help_load_neither_tensorflow_nor_keras():
+    out = _run(
+        "import contextlib, io, sys\n"
+        "import keras_vit\n"
+        "from keras_vit import cli\n"
+        "assert keras_vit.list_models() and keras_vit.ViTConfig\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['models'])\n"
+        "    try:\n"
+        "        cli.main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('tensorflow', 'keras', 'torch', 'jax') if m in sys.modules))\n"
+    )
+    assert out.strip() == "[]"
+
+
+def test_load_model_in_a_fresh_process(tmp_path):
+    path = tmp_path / "tiny.keras"
+    model = _randomised(keras_vit.build_vit(TINY, num_classes=3))
+    model.save(path)
+    expected = model.predict(_images(1, 16), verbose=0)
+    np.save(tmp_path / "images.npy", _images(1, 16))
+    images = str(tmp_path / "images.npy")
+    out = _run(
+        "import numpy as np, keras_vit\n"
+        f"model = keras_vit.load_model({str(path)!r})\n"
+        f"logits = model.predict(np.load({images!r}), verbose=0)[0]\n"
+        "print(type(model).__name__, model.config.name, *logits)\n"
+    )
+    name, config_name, *logits = out.split()
+    assert (name, config_name) == ("ViT", "tiny_contract")
+    np.testing.assert_allclose(np.array(logits, dtype="float32"), expected[0], rtol=1e-6)
