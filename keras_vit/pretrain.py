@@ -44,12 +44,12 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from keras_vit import data, defaults, recipes, training
+from keras_vit import data, defaults, recipes, runs
 from keras_vit.defaults import MPP_TARGETS
 from keras_vit.distribute import is_chief
 from keras_vit.models import ViT, build_vit
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
-from keras_vit.variants import ViTConfig, config_of
+from keras_vit.variants import ViTConfig, config_of, model_config
 
 __all__ = [
     "MaskedPatchPredictor",
@@ -430,7 +430,7 @@ def masked_patch_model(
     """
     if not isinstance(model, keras.Model):
         model = build_vit(
-            training.model_config(model),
+            model_config(model),
             image_size=image_size,
             include_top=False,
             pooling=None,
@@ -570,21 +570,19 @@ def pretrain(
         `PretrainingResult(model, report)`; the report (also `report.json`) holds the per-epoch
         loss and patch accuracy, steps, seconds, images/s and the arguments.
     """
-    arguments = {
-        key: training._describe(value) for key, value in dict(locals()).items() if key != "callbacks"
-    }
-    strategy = training._start_run(strategy, precision, batch_size, seed)
+    arguments = {key: runs.describe(value) for key, value in dict(locals()).items() if key != "callbacks"}
+    strategy = runs.start_run(strategy, precision, batch_size, seed)
     source, is_digits = _train_source(dataset, train_split, data_dir)
-    config = training.model_config(model)
+    config = model_config(model)
     if steps is None and epochs is None:
         epochs = defaults.PRETRAIN_EPOCHS
-    steps_per_epoch, fit_epochs = training._plan_steps(
+    steps_per_epoch, fit_epochs = runs.plan_steps(
         data.epoch_steps(source, batch_size), steps, epochs, steps_per_epoch
     )
     total_steps = steps_per_epoch * fit_epochs
     output_dir = os.fspath(output_dir)
     run = {key: value for key, value in arguments.items() if key not in ("strategy", "verbose")}
-    backup = training.EpochBackup(training._worker_dir(os.path.join(output_dir, "backup"), strategy), run)
+    backup = runs.EpochBackup(runs.worker_dir(os.path.join(output_dir, "backup"), strategy), run)
     start_epoch = min(backup.epoch, fit_epochs)
     if warmup_steps is None:
         warmup_steps = min(10_000, total_steps // 10)
@@ -628,12 +626,12 @@ def pretrain(
         seed=seed,
         start_epoch=start_epoch,
         steps_per_epoch=steps_per_epoch,
-        **training._augmentation(is_digits, crop_scale, flip),
+        **runs.augmentation(is_digits, crop_scale, flip),
     ).map(lambda image, label: image)  # unlabeled: labels are dropped before the model
     chief = is_chief(strategy)
     fit_callbacks = [backup, *callbacks]
     if chief:
-        fit_callbacks.extend(training._tensorboard(os.path.join(output_dir, "logs")))
+        fit_callbacks.extend(runs.tensorboard_callbacks(os.path.join(output_dir, "logs")))
 
     started = time.perf_counter()
     network.fit(
@@ -643,7 +641,7 @@ def pretrain(
         initial_epoch=start_epoch,
         callbacks=fit_callbacks,
         shuffle=False,
-        verbose=training._verbosity(verbose),
+        verbose=runs.verbosity(verbose),
     )
     seconds = time.perf_counter() - started
     steps_this_run = (fit_epochs - start_epoch) * steps_per_epoch
@@ -675,6 +673,6 @@ def pretrain(
     if chief:
         os.makedirs(output_dir, exist_ok=True)
         network.backbone.save(os.path.join(output_dir, "backbone.keras"))
-        training._write_json(os.path.join(output_dir, "report.json"), report)
-    training._remove_backup(backup.backup_dir)
+        runs.write_json(os.path.join(output_dir, "report.json"), report)
+    runs.remove_backup(backup.backup_dir)
     return PretrainingResult(network, report)

@@ -22,6 +22,7 @@ __all__ = [
     "config_of",
     "get_config",
     "list_models",
+    "model_config",
 ]
 
 POOLINGS = ("token", "gap", None)
@@ -233,4 +234,22 @@ def config_of(model) -> ViTConfig:
             "build it with keras_vit.create_model / build_vit (for a model that wraps a ViT, pass the "
             "inner ViT, e.g. `outer.get_layer('vit_b16')`)."
         )
+    return config
+
+
+def model_config(model: str | ViTConfig, **overrides) -> ViTConfig:
+    """The architecture `model` (a registry name such as `"vit_digits"`, or a config) with fields replaced.
+
+    `overrides` are `ViTConfig` fields (`patch_size`, `hidden_size`, `depth`, `num_heads`,
+    `mlp_dim`, `image_size`); `None` values are ignored. Changing any gives a custom model
+    named `<model>_custom`.
+    """
+    config = model if isinstance(model, ViTConfig) else None
+    if config is None:
+        if model not in VARIANTS:
+            raise ValueError(f"Unknown model {model!r}: use one of {list_models()} (see `keras-vit models`).")
+        config = VARIANTS[model]
+    overrides = {key: value for key, value in overrides.items() if value is not None}
+    if overrides and any(getattr(config, key) != value for key, value in overrides.items()):
+        config = config.replace(name=f"{config.name}_custom", **overrides)
     return config

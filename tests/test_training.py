@@ -13,7 +13,7 @@ import pytest
 from conftest import subprocess_env
 
 import keras_vit
-from keras_vit import training
+from keras_vit import runs, training
 from keras_vit.variants import ViTConfig
 
 WORKER = os.path.join(os.path.dirname(__file__), "training_worker.py")
@@ -40,14 +40,14 @@ TINY_CLI = [
 
 
 def test_plan_steps():
-    assert training._plan_steps(22, None, 40, None) == (22, 40)
-    assert training._plan_steps(22, None, 2.5, 10) == (10, 6)  # 55 steps rounded up to whole epochs
-    assert training._plan_steps(22, 100, None, None) == (20, 5)  # longest divisor of 100 up to a pass
-    assert training._plan_steps(5000, 3000, None, None) == (1000, 3)  # epochs capped at 1000 steps
+    assert runs.plan_steps(22, None, 40, None) == (22, 40)
+    assert runs.plan_steps(22, None, 2.5, 10) == (10, 6)  # 55 steps rounded up to whole epochs
+    assert runs.plan_steps(22, 100, None, None) == (20, 5)  # longest divisor of 100 up to a pass
+    assert runs.plan_steps(5000, 3000, None, None) == (1000, 3)  # epochs capped at 1000 steps
     with pytest.raises(ValueError, match="not a multiple of steps_per_epoch 4"):
-        training._plan_steps(22, 10, None, 4)
+        runs.plan_steps(22, 10, None, 4)
     with pytest.raises(ValueError, match="not both"):
-        training._plan_steps(22, 10, 1, None)
+        runs.plan_steps(22, 10, 1, None)
 
 
 def test_model_config_overrides_and_errors():
@@ -75,24 +75,24 @@ def test_run_description_is_the_same_in_every_process():
     """Backups compare run arguments: sources and arrays are described without object addresses."""
     first, second = keras_vit.data.load_digits(), keras_vit.data.load_digits()
     assert (
-        training._describe(first)
-        == training._describe(second)
+        runs.describe(first)
+        == runs.describe(second)
         == [
             "Source(1438 examples, 10 classes)",
             "Source(359 examples, 10 classes)",
         ]
     )
     images = np.zeros((2, 8, 8), "uint8")
-    assert training._describe(images) == training._describe(images.copy()) != training._describe(images + 1)
+    assert runs.describe(images) == runs.describe(images.copy()) != runs.describe(images + 1)
 
 
 def test_backup_refuses_another_run(tmp_path):
-    backup = training.EpochBackup(tmp_path, {"steps": 16})
+    backup = runs.EpochBackup(tmp_path, {"steps": 16})
     assert backup.epoch == 0
     (tmp_path / "state.json").write_text(json.dumps({"epoch": 2, "run": {"steps": 16}}))
-    assert training.EpochBackup(tmp_path, {"steps": 16}).epoch == 2
+    assert runs.EpochBackup(tmp_path, {"steps": 16}).epoch == 2
     with pytest.raises(ValueError, match=r"other arguments \(steps\)"):
-        training.EpochBackup(tmp_path, {"steps": 32})
+        runs.EpochBackup(tmp_path, {"steps": 32})
 
 
 class _RecordWeights(keras.callbacks.Callback):

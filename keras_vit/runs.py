@@ -1,0 +1,257 @@
+"""What every training run shares (`keras_vit.training.train`, `keras_vit.pretrain.pretrain`).
+
+The run's length plan, its start (strategy, precision, seeds), exact resume (`EpochBackup`:
+the complete training state written atomically after each epoch), argument digests for
+reports, TensorBoard logs and the data augmentation defaults. Neither driver imports the
+other: both import this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_vit import data
+from keras_vit.defaults import PRECISIONS
+from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
+
+__all__ = [
+    "MAX_STEPS_PER_EPOCH",
+    "EpochBackup",
+    "augmentation",
+    "describe",
+    "plan_steps",
+    "remove_backup",
+    "start_run",
+    "tensorboard_callbacks",
+    "verbosity",
+    "worker_dir",
+    "write_json",
+]
+
+MAX_STEPS_PER_EPOCH = 1000  # at most this many steps are lost to a kill (they are redone)
+
+
+def plan_steps(
+    steps_per_pass: int, steps: int | None, epochs: float | None, steps_per_epoch: int | None
+) -> tuple[int, int]:
+    """`(steps_per_epoch, epochs)` of `fit` for `steps` total or `epochs` passes over the data."""
+    if steps is not None and epochs is not None:
+        raise ValueError("Give the training length as steps or as epochs, not both.")
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}.")
+    if epochs is not None and epochs <= 0:
+        raise ValueError(f"epochs must be positive, got {epochs!r}.")
+    if steps_per_epoch is not None and steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}.")
+    if steps is None:
+        per_epoch = steps_per_epoch or min(steps_per_pass, MAX_STEPS_PER_EPOCH)
+        return per_epoch, max(1, math.ceil(epochs * steps_per_pass / per_epoch))
+    if steps_per_epoch is None:
+        # The longest epoch up to one pass that divides `steps`, if not much shorter.
+        cap = min(steps_per_pass, MAX_STEPS_PER_EPOCH, steps)
+        steps_per_epoch = next((n for n in range(cap, cap // 2, -1) if steps % n == 0), cap)
+    if steps % steps_per_epoch:
+        low = steps // steps_per_epoch * steps_per_epoch
+        raise ValueError(
+            f"steps {steps} is not a multiple of steps_per_epoch {steps_per_epoch} (backups are taken "
+            f"between epochs): use steps={max(low, steps_per_epoch)} or {low + steps_per_epoch}, or "
+            "another steps_per_epoch."
+        )
+    return steps_per_epoch, steps // steps_per_epoch
+
+
+class EpochBackup(keras.callbacks.Callback):
+    """Saves the whole training state after every epoch, atomically, and restores it.
+
+    `backup_dir/state.json` names the epoch and its weights file (`model.save_weights`
+    format: model and optimizer variables, EMA averages included) and holds the seed-generator
+    states (dropout, stochastic depth: not in the weights file) and the per-epoch logs. Each
+    file is written under a temporary name and renamed, and the state file last: a kill at any
+    point leaves the previous complete backup. The training driver reads `epoch` before `fit`
+    (to start the input stream there and pass `initial_epoch`); `on_train_begin` restores.
+    """
+
+    STATE = "state.json"
+
+    def __init__(self, backup_dir: str | os.PathLike, run: dict | None = None):
+        """`run`: JSON-able description of the run (its arguments); a backup of another run is refused."""
+        super().__init__()
+        self.backup_dir = os.fspath(backup_dir)
+        self.run = run or {}
+        self.state = self._read_state()
+        if self.state and self.state.get("run", {}) != json.loads(json.dumps(self.run)):
+            changed = sorted(
+                key
+                for key in set(self.run) | set(self.state.get("run", {}))
+                if self.run.get(key) != self.state.get("run", {}).get(key)
+            )
+            raise ValueError(
+                f"{self.backup_dir} holds the backup of a run with other arguments ({', '.join(changed)}): "
+                "resume with the same arguments, or use another output directory."
+            )
+        self.history: dict[str, list[float]] = dict(self.state.get("history", {}))
+
+    @property
+    def epoch(self) -> int:
+        """Epochs completed by the backed-up run (0: none)."""
+        return int(self.state.get("epoch", 0))
+
+    def _read_state(self) -> dict:
+        path = os.path.join(self.backup_dir, self.STATE)
+        if not os.path.exists(path):
+            return {}
+        with open(path, encoding="utf-8") as file:
+            return json.load(file)
+
+    def _seed_variables(self) -> dict[str, keras.Variable]:
+        weights = {id(variable) for variable in self.model.weights}
+        return {variable.path: variable for variable in self.model.variables if id(variable) not in weights}
+
+    def on_train_begin(self, logs=None):
+        if not self.state:
+            return
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        self.model.load_weights(os.path.join(self.backup_dir, self.state["weights"]))
+        variables = self._seed_variables()
+        for path, value in self.state.get("seed_states", {}).items():
+            if path not in variables:
+                raise ValueError(
+                    f"The backup in {self.backup_dir} has seed state {path!r}, which this model lacks: it "
+                    "was written by a different configuration; use another output directory."
+                )
+            variables[path].assign(np.asarray(value, dtype=variables[path].dtype))
+
+    def on_epoch_end(self, epoch, logs=None):
+        for key, value in (logs or {}).items():
+            self.history.setdefault(key, []).append(float(value))
+        os.makedirs(self.backup_dir, exist_ok=True)
+        name = f"epoch-{epoch + 1:06d}.weights.h5"
+        temporary = os.path.join(self.backup_dir, f"partial-{name}")
+        self.model.save_weights(temporary, overwrite=True)
+        fsync(temporary)
+        os.replace(temporary, os.path.join(self.backup_dir, name))
+        self.state = {
+            "epoch": epoch + 1,
+            "weights": name,
+            "steps": int(self.model.optimizer.iterations.numpy()),
+            "seed_states": {
+                path: keras.ops.convert_to_numpy(variable).tolist()
+                for path, variable in self._seed_variables().items()
+            },
+            "history": self.history,
+            "run": self.run,
+        }
+        write_json(os.path.join(self.backup_dir, self.STATE), self.state)
+        for entry in os.listdir(self.backup_dir):
+            if entry.endswith(".weights.h5") and entry != name:
+                os.remove(os.path.join(self.backup_dir, entry))
+
+
+def fsync(path: str) -> None:
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+
+
+def write_json(path: str, content: dict) -> None:
+    """Write `content` to `path` atomically (temporary file, fsync, rename)."""
+    temporary = f"{path}.partial"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(content, file, indent=2)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def describe(value):
+    """A JSON-able value naming an argument the same way in every process (backups compare them)."""
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [describe(item) for item in value]
+    if isinstance(value, np.ndarray):
+        digest = hashlib.sha1(np.ascontiguousarray(value).tobytes()).hexdigest()[:16]
+        return f"array{value.shape} {value.dtype} sha1 {digest}"
+    if isinstance(value, data.Source):  # its repr names functions by their (per-process) address
+        return f"Source({value.num_examples} examples, {value.num_classes} classes)"
+    if isinstance(value, keras.Model):
+        return f"Model({value.name}, {value.count_params()} parameters)"
+    return repr(value)
+
+
+def start_run(
+    strategy: str | tf.distribute.Strategy, precision: str, batch_size: int, seed: int
+) -> tf.distribute.Strategy:
+    """Check the run's precision and batch, make the strategy (with the Keras fixes), seed everything."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision {precision!r}: use one of {PRECISIONS}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    # A multi-worker strategy must exist before TensorFlow runs any op (data sources do).
+    if not isinstance(strategy, tf.distribute.Strategy):
+        strategy = get_strategy(strategy)
+    fix_distributed_clipping()
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        fix_multi_worker_fit()
+    if batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(
+            f"batch_size {batch_size} must be divisible by the {strategy.num_replicas_in_sync} replicas."
+        )
+    keras.utils.set_random_seed(seed)
+    return strategy
+
+
+def worker_dir(root: str, strategy: tf.distribute.Strategy) -> str:
+    """`root` for the chief; a per-worker sub-folder for the other workers of a cluster."""
+    if is_chief(strategy):
+        return root
+    return os.path.join(root, f"worker-{strategy.cluster_resolver.task_id}")
+
+
+def tensorboard_callbacks(log_dir: str) -> list[keras.callbacks.Callback]:
+    """The TensorBoard callback, or none (with a notice) when the `tensorboard` package is missing."""
+    try:
+        import tensorboard  # noqa: F401  (tf.summary needs it to write scalars)
+    except ImportError:
+        print(
+            "keras_vit: no TensorBoard logs (the tensorboard package is not installed: "
+            'pip install "keras-vit-zoo[train]").',
+            file=sys.stderr,
+        )
+        return []
+    return [keras.callbacks.TensorBoard(log_dir, write_graph=False)]
+
+
+def verbosity(verbose: int | str) -> int:
+    if verbose == "auto":
+        return 1 if sys.stdout.isatty() else 2
+    return int(verbose)
+
+
+def augmentation(is_digits: bool, crop_scale: Sequence[float] | None, flip: bool | None) -> dict:
+    """`train_pipeline`'s crop range and flips: gentle crops and no flips for the digits."""
+    return dict(
+        crop_scale=tuple(crop_scale or ((0.7, 1.0) if is_digits else (0.08, 1.0))),
+        flip=(not is_digits) if flip is None else flip,
+    )
+
+
+def remove_backup(backup_dir: str) -> None:
+    """Delete a finished run's backup files (only those `EpochBackup` writes)."""
+    if not os.path.isdir(backup_dir):
+        return
+    for entry in os.listdir(backup_dir):
+        if entry.endswith((".weights.h5", ".json", ".partial")):
+            os.remove(os.path.join(backup_dir, entry))
+    if not os.listdir(backup_dir):
+        os.rmdir(backup_dir)
