@@ -194,30 +194,15 @@ def _cmd_train(args) -> int:
     result = training.train(
         config,
         args.dataset,
-        output_dir=args.output_dir,
         recipe="finetune" if args.command == "finetune" else "pretrain",
         pretrained=args.pretrained,
-        image_size=args.image_size,
-        batch_size=args.batch_size,
-        steps=args.steps,
-        epochs=args.epochs,
-        steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.learning_rate,
-        warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay,
         label_smoothing=args.label_smoothing,
         ema_momentum=args.ema,
         dropout=args.dropout,
         drop_path_rate=args.drop_path,
-        flip=args.flip,
-        strategy=args.strategy,
-        precision=args.precision,
-        jit_compile={"on": True, "off": False}.get(args.jit_compile, "auto"),
-        seed=args.seed,
-        train_split=args.train_split,
         test_split=args.test_split,
-        data_dir=args.data_dir,
-        verbose="auto" if args.verbose is None else args.verbose,
+        **_run_arguments(args),
     )
     report = result.report
     print(
@@ -271,7 +256,10 @@ def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: s
     return dataset, schedule
 
 
-def _add_strategy_arguments(run) -> None:
+def _add_run_arguments(parser, output_dir: str, writes: str) -> None:
+    """The `run` group shared by train/finetune/pretrain (the one driver, `keras_vit.runs.fit_task`)."""
+    run = parser.add_argument_group("run")
+    run.add_argument("--output-dir", default=output_dir, help=f"{writes}, report.json, logs/, backup/")
     run.add_argument(
         "--strategy",
         choices=defaults.STRATEGIES,
@@ -279,6 +267,38 @@ def _add_strategy_arguments(run) -> None:
         help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
     )
     run.add_argument("--precision", choices=defaults.PRECISIONS, default=defaults.PRECISIONS[0])
+    run.add_argument(
+        "--jit-compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="XLA-compile the train step (auto: on for a single replica)",
+    )
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
+    )
+
+
+def _run_arguments(args) -> dict:
+    """The keyword arguments every training command passes on, from the shared argument groups."""
+    return dict(
+        output_dir=args.output_dir,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        warmup_steps=args.warmup_steps,
+        weight_decay=args.weight_decay,
+        flip=args.flip,
+        strategy=args.strategy,
+        precision=args.precision,
+        jit_compile={"on": True, "off": False}.get(args.jit_compile, "auto"),
+        seed=args.seed,
+        train_split=args.train_split,
+        data_dir=args.data_dir,
+        verbose="auto" if args.verbose is None else args.verbose,
+    )
 
 
 def _add_training_parser(commands, name: str) -> None:
@@ -320,21 +340,7 @@ def _add_training_parser(commands, name: str) -> None:
     )
     schedule.add_argument("--label-smoothing", type=float, default=defaults.LABEL_SMOOTHING)
     schedule.add_argument("--ema", type=float, default=None, help="Polyak averaging momentum, e.g. 0.9999")
-    run = parser.add_argument_group("run")
-    run.add_argument(
-        "--output-dir", default=defaults.TRAIN_OUTPUT_DIR, help="model.keras, report.json, logs/, backup/"
-    )
-    _add_strategy_arguments(run)
-    run.add_argument(
-        "--jit-compile",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="XLA-compile the train step (auto: on for a single replica)",
-    )
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument(
-        "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
-    )
+    _add_run_arguments(parser, defaults.TRAIN_OUTPUT_DIR, "model.keras")
     parser.set_defaults(run=_cmd_train)
 
 
@@ -345,27 +351,13 @@ def _cmd_pretrain(args) -> int:
     result = pretrain.pretrain(
         config,
         args.dataset,
-        output_dir=args.output_dir,
-        image_size=args.image_size,
-        batch_size=args.batch_size,
-        steps=args.steps,
-        epochs=args.epochs,
-        steps_per_epoch=args.steps_per_epoch,
         learning_rate=args.learning_rate,
-        warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay,
         target=args.target,
         bits=args.bits,
         corrupt_rate=args.corrupt_rate,
         mask_rate=args.mask_rate,
         random_rate=args.random_rate,
-        flip=args.flip,
-        strategy=args.strategy,
-        precision=args.precision,
-        seed=args.seed,
-        train_split=args.train_split,
-        data_dir=args.data_dir,
-        verbose="auto" if args.verbose is None else args.verbose,
+        **_run_arguments(args),
     )
     report = result.report
     accuracy = "" if report["patch_accuracy"] is None else f", patch accuracy {report['patch_accuracy']:.2%}"
@@ -413,17 +405,7 @@ def _add_pretraining_parser(commands) -> None:
     )
     schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
     schedule.add_argument("--weight-decay", type=float, default=0.0, help="> 0: AdamW on kernels")
-    run = parser.add_argument_group("run")
-    run.add_argument(
-        "--output-dir",
-        default=defaults.PRETRAIN_OUTPUT_DIR,
-        help="backbone.keras, report.json, logs/, backup/",
-    )
-    _add_strategy_arguments(run)
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument(
-        "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
-    )
+    _add_run_arguments(parser, defaults.PRETRAIN_OUTPUT_DIR, "backbone.keras")
     parser.set_defaults(run=_cmd_pretrain)
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,7 +45,6 @@ from keras import ops
 
 from keras_vit import data, defaults, recipes, runs
 from keras_vit.defaults import MPP_TARGETS
-from keras_vit.distribute import is_chief
 from keras_vit.models import ViT, build_vit
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.variants import ViTConfig, config_of, model_config
@@ -538,6 +536,7 @@ def pretrain(
     flip: bool | None = None,
     strategy: str | tf.distribute.Strategy = "auto",
     precision: str = "float32",
+    jit_compile: bool | str = "auto",
     seed: int = 0,
     train_split: str = "train",
     data_dir: str | os.PathLike | None = None,
@@ -571,108 +570,124 @@ def pretrain(
         loss and patch accuracy, steps, seconds, images/s and the arguments.
     """
     arguments = {key: runs.describe(value) for key, value in dict(locals()).items() if key != "callbacks"}
-    strategy = runs.start_run(strategy, precision, batch_size, seed)
-    source, is_digits = _train_source(dataset, train_split, data_dir)
-    config = model_config(model)
-    if steps is None and epochs is None:
-        epochs = defaults.PRETRAIN_EPOCHS
-    steps_per_epoch, fit_epochs = runs.plan_steps(
-        data.epoch_steps(source, batch_size), steps, epochs, steps_per_epoch
-    )
-    total_steps = steps_per_epoch * fit_epochs
-    output_dir = os.fspath(output_dir)
-    run = {key: value for key, value in arguments.items() if key not in ("strategy", "verbose")}
-    backup = runs.EpochBackup(runs.worker_dir(os.path.join(output_dir, "backup"), strategy), run)
-    start_epoch = min(backup.epoch, fit_epochs)
-    if warmup_steps is None:
-        warmup_steps = min(10_000, total_steps // 10)
-
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(precision)
-    try:
-        with strategy.scope():
-            network = masked_patch_model(
-                config,
-                image_size=image_size,
-                dropout=dropout,
-                target=target,
-                bits=bits,
-                corrupt_rate=corrupt_rate,
-                mask_rate=mask_rate,
-                random_rate=random_rate,
-                seed=seed,
-            )
-            network.compile(
-                optimizer=recipes.pretraining_optimizer(
-                    total_steps,
-                    learning_rate=learning_rate,
-                    weight_decay=weight_decay,
-                    warmup_steps=warmup_steps,
-                    decay="cosine",
-                )
-            )
-            # Eagerly: inside fit's first trace, each optimizer variable costs ~0.1 s to create.
-            network.optimizer.build(network.trainable_variables)
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
-
-    height, width = network.backbone.input_shape[1:3]
-    images = data.train_pipeline(
-        source,
-        image_size=(height, width),
+    task = MaskedPatchTask(
+        model_config(model),
+        dataset,
+        image_size=image_size,
         batch_size=batch_size,
-        mean=network.mean,
-        std=network.std,
+        learning_rate=learning_rate,
+        warmup_steps=warmup_steps,
+        weight_decay=weight_decay,
+        target=target,
+        bits=bits,
+        corrupt_rate=corrupt_rate,
+        mask_rate=mask_rate,
+        random_rate=random_rate,
+        dropout=dropout,
+        crop_scale=crop_scale,
+        flip=flip,
         seed=seed,
-        start_epoch=start_epoch,
-        steps_per_epoch=steps_per_epoch,
-        **runs.augmentation(is_digits, crop_scale, flip),
-    ).map(lambda image, label: image)  # unlabeled: labels are dropped before the model
-    chief = is_chief(strategy)
-    fit_callbacks = [backup, *callbacks]
-    if chief:
-        fit_callbacks.extend(runs.tensorboard_callbacks(os.path.join(output_dir, "logs")))
-
-    started = time.perf_counter()
-    network.fit(
-        images,
-        epochs=fit_epochs,
-        steps_per_epoch=steps_per_epoch,
-        initial_epoch=start_epoch,
-        callbacks=fit_callbacks,
-        shuffle=False,
-        verbose=runs.verbosity(verbose),
+        train_split=train_split,
+        data_dir=data_dir,
     )
-    seconds = time.perf_counter() - started
-    steps_this_run = (fit_epochs - start_epoch) * steps_per_epoch
-    history = backup.history
-    report = {
-        "loss": history["loss"][-1] if history.get("loss") else None,
-        "patch_accuracy": history["patch_accuracy"][-1] if history.get("patch_accuracy") else None,
-        "chance_loss": None if target == "regression" else math.log(network.classes),
-        "target": target,
-        "classes": network.classes,
-        "pretraining_examples": source.num_examples,
-        "steps": int(network.optimizer.iterations.numpy()),
-        "planned_steps": total_steps,
-        "steps_per_epoch": steps_per_epoch,
-        "epochs": fit_epochs,
-        "resumed_from_epoch": start_epoch,
-        "steps_this_run": steps_this_run,
-        "seconds": round(seconds, 3),
-        "images_per_second": round(steps_this_run * batch_size / seconds, 1) if steps_this_run else None,
-        "history": history,
-        "model": network.backbone.name,
-        "parameters": int(network.backbone.count_params()),
-        "image_size": [int(height), int(width)],
-        "strategy": type(strategy).__name__,
-        "replicas": int(strategy.num_replicas_in_sync),
-        "versions": {"keras": keras.__version__, "tensorflow": tf.__version__},
-        "arguments": arguments,
-    }
-    if chief:
-        os.makedirs(output_dir, exist_ok=True)
-        network.backbone.save(os.path.join(output_dir, "backbone.keras"))
-        runs.write_json(os.path.join(output_dir, "report.json"), report)
-    runs.remove_backup(backup.backup_dir)
-    return PretrainingResult(network, report)
+    result = runs.fit_task(
+        task,
+        arguments,
+        output_dir=output_dir,
+        batch_size=batch_size,
+        steps=steps,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        strategy=strategy,
+        precision=precision,
+        jit_compile=jit_compile,
+        seed=seed,
+        callbacks=callbacks,
+        verbose=verbose,
+    )
+    return PretrainingResult(result.model, result.report)
+
+
+@dataclass
+class MaskedPatchTask:
+    """Masked patch prediction (`runs.Task`): a `MaskedPatchPredictor`, Adam(W) + warm-up + cosine.
+
+    Arguments as `pretrain`; the saved model is the backbone (`backbone.keras`); labels are never read.
+    """
+
+    config: ViTConfig
+    dataset: str | os.PathLike | data.Source | np.ndarray
+    image_size: int | None
+    batch_size: int
+    learning_rate: float
+    warmup_steps: int | None
+    weight_decay: float
+    target: str
+    bits: int
+    corrupt_rate: float
+    mask_rate: float
+    random_rate: float
+    dropout: float
+    crop_scale: Sequence[float] | None
+    flip: bool | None
+    seed: int
+    train_split: str
+    data_dir: str | os.PathLike | None
+    default_epochs: float = defaults.PRETRAIN_EPOCHS
+    saved_file: str = "backbone.keras"
+
+    def prepare(self, batch_size: int) -> int:
+        self.source, self.is_digits = _train_source(self.dataset, self.train_split, self.data_dir)
+        return data.epoch_steps(self.source, batch_size)
+
+    def build(self) -> keras.Model:
+        return masked_patch_model(
+            self.config,
+            image_size=self.image_size,
+            dropout=self.dropout,
+            target=self.target,
+            bits=self.bits,
+            corrupt_rate=self.corrupt_rate,
+            mask_rate=self.mask_rate,
+            random_rate=self.random_rate,
+            seed=self.seed,
+        )
+
+    def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None:
+        warmup = min(10_000, total_steps // 10) if self.warmup_steps is None else self.warmup_steps
+        network.compile(
+            optimizer=recipes.pretraining_optimizer(
+                total_steps,
+                learning_rate=self.learning_rate,
+                weight_decay=self.weight_decay,
+                warmup_steps=warmup,
+                decay="cosine",
+            ),
+            jit_compile=jit_compile,
+        )
+
+    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset:
+        return data.train_pipeline(
+            self.source,
+            image_size=tuple(network.backbone.input_shape[1:3]),
+            batch_size=self.batch_size,
+            mean=network.mean,
+            std=network.std,
+            seed=self.seed,
+            start_epoch=start_epoch,
+            steps_per_epoch=steps_per_epoch,
+            **runs.augmentation(self.is_digits, self.crop_scale, self.flip),
+        ).map(lambda image, label: image)  # unlabeled: labels are dropped before the model
+
+    def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
+        return {
+            "loss": history["loss"][-1] if history.get("loss") else None,
+            "patch_accuracy": history["patch_accuracy"][-1] if history.get("patch_accuracy") else None,
+            "chance_loss": None if self.target == "regression" else math.log(network.classes),
+            "target": self.target,
+            "classes": network.classes,
+            "pretraining_examples": self.source.num_examples,
+        }
+
+    def saved_model(self, network: keras.Model) -> keras.Model:
+        return network.backbone

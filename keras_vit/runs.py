@@ -2,8 +2,9 @@
 
 The run's length plan, its start (strategy, precision, seeds), exact resume (`EpochBackup`:
 the complete training state written atomically after each epoch), argument digests for
-reports, TensorBoard logs and the data augmentation defaults. Neither driver imports the
-other: both import this module.
+reports, TensorBoard logs and the data augmentation defaults, and `fit_task`: the one training
+driver that runs any `Task` (classification in `keras_vit.training`, masked patch prediction
+in `keras_vit.pretrain`) with the same features.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import keras
 import numpy as np
@@ -26,6 +30,9 @@ from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit,
 __all__ = [
     "MAX_STEPS_PER_EPOCH",
     "EpochBackup",
+    "RunResult",
+    "Task",
+    "fit_task",
     "augmentation",
     "describe",
     "plan_steps",
@@ -255,3 +262,138 @@ def remove_backup(backup_dir: str) -> None:
             os.remove(os.path.join(backup_dir, entry))
     if not os.listdir(backup_dir):
         os.rmdir(backup_dir)
+
+
+class Task(Protocol):
+    """What one kind of training run adds to the shared driver `fit_task`.
+
+    `fit_task` calls, in order: `prepare(batch_size)` once the strategy exists (read the data;
+    return the steps of one pass), `build()` inside `strategy.scope()` and the run's dtype
+    policy (the Keras model to fit), `compile(network, total_steps, jit_compile)`,
+    `train_data(network, start_epoch, steps_per_epoch)`; after `fit`, `finish(network,
+    history)` (the task's metrics for the report, `history` being the whole run's per-epoch
+    logs) and `saved_model(network)` (what the chief saves as `output_dir/<saved_file>`).
+    """
+
+    default_epochs: float
+    saved_file: str
+
+    def prepare(self, batch_size: int) -> int: ...
+
+    def build(self) -> keras.Model: ...
+
+    def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None: ...
+
+    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset: ...
+
+    def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict: ...
+
+    def saved_model(self, network: keras.Model) -> keras.Model: ...
+
+
+@dataclass
+class RunResult:
+    """What `fit_task` returns: the trained Keras model and the report it wrote (`report.json`)."""
+
+    model: keras.Model
+    report: dict
+
+
+def fit_task(
+    task: Task,
+    arguments: dict,
+    *,
+    output_dir: str | os.PathLike,
+    batch_size: int,
+    steps: int | None,
+    epochs: float | None,
+    steps_per_epoch: int | None,
+    strategy: str | tf.distribute.Strategy,
+    precision: str,
+    jit_compile: bool | str,
+    seed: int,
+    callbacks: Sequence[keras.callbacks.Callback],
+    verbose: int | str,
+) -> RunResult:
+    """The one training driver: `model.fit` of `task` under a tf.distribute strategy, resumable exactly.
+
+    Every task gets the same run: strategy and seeds (`start_run`), the length plan
+    (`plan_steps`; default `task.default_epochs` passes), exact resume from the per-epoch
+    `EpochBackup` in `output_dir/backup` (a run started again with the same `arguments`
+    continues bit for bit), the dtype policy `precision` while building, XLA (`jit_compile`
+    `"auto"`: on for a single replica), TensorBoard logs and progress, and a report with the
+    task's metrics, timings, versions and the arguments.
+    """
+    if jit_compile not in (True, False, "auto"):
+        raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}.")
+    strategy = start_run(strategy, precision, batch_size, seed)
+    if jit_compile == "auto":
+        jit_compile = strategy.num_replicas_in_sync == 1
+    if steps is None and epochs is None:
+        epochs = task.default_epochs
+    steps_per_epoch, fit_epochs = plan_steps(task.prepare(batch_size), steps, epochs, steps_per_epoch)
+    total_steps = steps_per_epoch * fit_epochs
+    output_dir = os.fspath(output_dir)
+    chief = is_chief(strategy)
+    run = {key: value for key, value in arguments.items() if key not in ("strategy", "verbose")}
+    backup = EpochBackup(worker_dir(os.path.join(output_dir, "backup"), strategy), run)
+    start_epoch = min(backup.epoch, fit_epochs)
+
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
+    try:
+        with strategy.scope():
+            network = task.build()
+            task.compile(network, total_steps, jit_compile)
+            # Eagerly: inside fit's first trace, each optimizer variable costs ~0.1 s to create.
+            network.optimizer.build(network.trainable_variables)
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+
+    fit_callbacks = [backup, *callbacks]
+    if chief:
+        fit_callbacks.extend(tensorboard_callbacks(os.path.join(output_dir, "logs")))
+    started = time.perf_counter()
+    network.fit(
+        task.train_data(network, start_epoch, steps_per_epoch),
+        epochs=fit_epochs,
+        steps_per_epoch=steps_per_epoch,
+        initial_epoch=start_epoch,
+        callbacks=fit_callbacks,
+        shuffle=False,  # the pipelines shuffle (reproducibly, per epoch)
+        verbose=verbosity(verbose),
+    )
+    fit_seconds = time.perf_counter() - started
+    # fit() ends by copying the EMA averages (if enabled) into the model: they are evaluated and saved.
+    metrics = task.finish(network, backup.history)
+    steps_this_run = (fit_epochs - start_epoch) * steps_per_epoch
+    saved = task.saved_model(network)
+    height, width = saved.input_shape[1:3]
+    report = {
+        **metrics,
+        "steps": int(network.optimizer.iterations.numpy()),
+        "planned_steps": total_steps,
+        "steps_per_epoch": steps_per_epoch,
+        "epochs": fit_epochs,
+        "resumed_from_epoch": start_epoch,
+        "steps_this_run": steps_this_run,
+        "seconds": round(time.perf_counter() - started, 3),
+        "fit_seconds": round(fit_seconds, 3),
+        "images_per_second": round(steps_this_run * batch_size / fit_seconds, 1) if steps_this_run else None,
+        "history": backup.history,
+        "model": saved.name,
+        "parameters": int(saved.count_params()),
+        "image_size": [int(height), int(width)],
+        "strategy": type(strategy).__name__,
+        "replicas": int(strategy.num_replicas_in_sync),
+        "jit_compile": bool(jit_compile),
+        "precision": precision,
+        "versions": {"keras": keras.__version__, "tensorflow": tf.__version__},
+        "arguments": arguments,
+    }
+    if chief:
+        os.makedirs(output_dir, exist_ok=True)
+        saved.save(os.path.join(output_dir, task.saved_file))
+        write_json(os.path.join(output_dir, "report.json"), report)
+    remove_backup(backup.backup_dir)
+    return RunResult(network, report)

@@ -25,7 +25,6 @@ the held-out accuracy.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +33,6 @@ import tensorflow as tf
 
 from keras_vit import data, defaults, recipes, runs
 from keras_vit.defaults import RECIPES, SCRATCH_DROP_PATH, TRAIN_EPOCHS
-from keras_vit.distribute import is_chief
 from keras_vit.models import build_vit, create_model
 from keras_vit.pretrained import model_entry
 from keras_vit.variants import VARIANTS, ViTConfig, model_config
@@ -210,138 +208,159 @@ def train(
     arguments = {key: runs.describe(value) for key, value in dict(locals()).items() if key != "callbacks"}
     if recipe not in RECIPES:
         raise ValueError(f"Unknown recipe {recipe!r}: use one of {RECIPES}.")
-    if jit_compile not in (True, False, "auto"):
-        raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}.")
-    strategy = runs.start_run(strategy, precision, batch_size, seed)
-    if jit_compile == "auto":
-        jit_compile = strategy.num_replicas_in_sync == 1
-    is_digits = not isinstance(dataset, tuple) and os.fspath(dataset) == "digits"
-    if isinstance(dataset, tuple):
-        train_source, test_source = dataset
-    else:
-        train_source, test_source = load_dataset(
-            dataset, train_split=train_split, test_split=test_split, data_dir=data_dir
-        )
-    config = model_config(model)
-    if steps is None and epochs is None:
-        epochs = TRAIN_EPOCHS
-    if drop_path_rate is None:
-        drop_path_rate = SCRATCH_DROP_PATH if recipe == "pretrain" else 0.0
-    steps_per_epoch, fit_epochs = runs.plan_steps(
-        data.epoch_steps(train_source, batch_size), steps, epochs, steps_per_epoch
-    )
-    total_steps = steps_per_epoch * fit_epochs
-    output_dir = os.fspath(output_dir)
-    chief = is_chief(strategy)
-    run = {key: value for key, value in arguments.items() if key not in ("strategy", "verbose")}
-    backup = runs.EpochBackup(runs.worker_dir(os.path.join(output_dir, "backup"), strategy), run)
-    start_epoch = min(backup.epoch, fit_epochs)
-
-    previous_policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(precision)
-    try:
-        with strategy.scope():
-            network = _build_model(
-                config,
-                pretrained,
-                image_size or (None if pretrained else config.image_size),
-                train_source.num_classes,
-                dropout,
-                drop_path_rate,
-            )
-            if recipe == "pretrain":
-                optimizer = recipes.pretraining_optimizer(
-                    total_steps,
-                    learning_rate=learning_rate or 3e-3,
-                    weight_decay=weight_decay,
-                    warmup_steps=min(10_000, total_steps // 10) if warmup_steps is None else warmup_steps,
-                    decay="cosine",
-                    ema_momentum=ema_momentum,
-                )
-            else:
-                optimizer = recipes.finetuning_optimizer(
-                    total_steps,
-                    learning_rate=learning_rate or 0.01,
-                    warmup_steps=min(500, total_steps // 10) if warmup_steps is None else warmup_steps,
-                    ema_momentum=ema_momentum,
-                )
-            network.compile(
-                optimizer=optimizer,
-                loss=recipes.loss(label_smoothing),
-                metrics=["accuracy"],
-                jit_compile=jit_compile,
-            )
-            # Eagerly: inside fit's first trace, each optimizer variable costs ~0.1 s to create.
-            network.optimizer.build(network.trainable_variables)
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
-
-    height, width = network.input_shape[1:3]
-    entry = model_entry(network)
-    mean, std = data.normalisation_for(network)
-    interpolation = (entry.interpolation if entry is not None else None) or "bilinear"
-    train_data = data.train_pipeline(
-        train_source,
-        image_size=(height, width),
+    task = ClassificationTask(
+        model_config(model),
+        dataset,
+        recipe=recipe,
+        pretrained=pretrained,
+        image_size=image_size,
         batch_size=batch_size,
-        mean=mean,
-        std=std,
+        learning_rate=learning_rate,
+        warmup_steps=warmup_steps,
+        weight_decay=weight_decay,
+        label_smoothing=label_smoothing,
+        ema_momentum=ema_momentum,
+        dropout=dropout,
+        drop_path_rate=drop_path_rate,
+        crop_scale=crop_scale,
+        flip=flip,
         seed=seed,
-        start_epoch=start_epoch,
-        steps_per_epoch=steps_per_epoch,
-        **runs.augmentation(is_digits, crop_scale, flip),
-        interpolation=interpolation,
+        train_split=train_split,
+        test_split=test_split,
+        data_dir=data_dir,
     )
-    # The paper evaluates on the plain resized image, resized here as train_pipeline resizes.
-    eval_spec = data.Preprocessing((height, width), mean, std, None, interpolation, resampler="tensorflow")
-    test_data = data.eval_pipeline(test_source, eval_spec, batch_size=batch_size)
-    fit_callbacks = [backup, *callbacks]
-    if chief:
-        fit_callbacks.extend(runs.tensorboard_callbacks(os.path.join(output_dir, "logs")))
+    result = runs.fit_task(
+        task,
+        arguments,
+        output_dir=output_dir,
+        batch_size=batch_size,
+        steps=steps,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        strategy=strategy,
+        precision=precision,
+        jit_compile=jit_compile,
+        seed=seed,
+        callbacks=callbacks,
+        verbose=verbose,
+    )
+    return TrainingResult(result.model, result.report)
 
-    started = time.perf_counter()
-    network.fit(
-        train_data,
-        epochs=fit_epochs,
-        steps_per_epoch=steps_per_epoch,
-        initial_epoch=start_epoch,
-        callbacks=fit_callbacks,
-        shuffle=False,  # the pipeline shuffles (reproducibly, per epoch)
-        verbose=runs.verbosity(verbose),
-    )
-    fit_seconds = time.perf_counter() - started
-    # fit() ends by copying the EMA averages (if enabled) into the model: they are evaluated and saved.
-    test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
-    steps_this_run = (fit_epochs - start_epoch) * steps_per_epoch
-    report = {
-        "accuracy": float(test_accuracy),
-        "loss": float(test_loss),
-        "test_examples": test_source.num_examples,
-        "steps": int(network.optimizer.iterations.numpy()),
-        "planned_steps": total_steps,
-        "steps_per_epoch": steps_per_epoch,
-        "epochs": fit_epochs,
-        "resumed_from_epoch": start_epoch,
-        "steps_this_run": steps_this_run,
-        "seconds": round(time.perf_counter() - started, 3),
-        "fit_seconds": round(fit_seconds, 3),
-        "images_per_second": round(steps_this_run * batch_size / fit_seconds, 1) if steps_this_run else None,
-        "history": backup.history,
-        "model": network.name,
-        "parameters": int(network.count_params()),
-        "image_size": [int(height), int(width)],
-        "strategy": type(strategy).__name__,
-        "replicas": int(strategy.num_replicas_in_sync),
-        "ema": ema_momentum is not None,
-        "versions": {"keras": keras.__version__, "tensorflow": tf.__version__},
-        "arguments": arguments,
-    }
-    if chief:
-        os.makedirs(output_dir, exist_ok=True)
-        network.save(os.path.join(output_dir, "model.keras"))
-        runs.write_json(os.path.join(output_dir, "report.json"), report)
-    runs.remove_backup(backup.backup_dir)
-    return TrainingResult(network, report)
+
+@dataclass
+class ClassificationTask:
+    """Supervised classification (`runs.Task`): a ViT classifier, the paper's recipes, held-out accuracy.
+
+    Arguments as `train`; `prepare` reads the data, `build` makes the model (a variant, a
+    checkpoint with a new head, or a keras_vit backbone via `ViT.with_head`).
+    """
+
+    config: ViTConfig
+    dataset: str | os.PathLike | tuple[data.Source, data.Source]
+    recipe: str
+    pretrained: bool | str | os.PathLike | keras.Model
+    image_size: int | None
+    batch_size: int
+    learning_rate: float | None
+    warmup_steps: int | None
+    weight_decay: float
+    label_smoothing: float
+    ema_momentum: float | None
+    dropout: float
+    drop_path_rate: float | None
+    crop_scale: Sequence[float] | None
+    flip: bool | None
+    seed: int
+    train_split: str
+    test_split: str
+    data_dir: str | os.PathLike | None
+    default_epochs: float = TRAIN_EPOCHS
+    saved_file: str = "model.keras"
+
+    def prepare(self, batch_size: int) -> int:
+        if isinstance(self.dataset, tuple):
+            self.train_source, self.test_source = self.dataset
+        else:
+            self.train_source, self.test_source = load_dataset(
+                self.dataset, train_split=self.train_split, test_split=self.test_split, data_dir=self.data_dir
+            )
+        return data.epoch_steps(self.train_source, batch_size)
+
+    def build(self) -> keras.Model:
+        drop_path_rate = self.drop_path_rate
+        if drop_path_rate is None:
+            drop_path_rate = SCRATCH_DROP_PATH if self.recipe == "pretrain" else 0.0
+        return _build_model(
+            self.config,
+            self.pretrained,
+            self.image_size or (None if self.pretrained else self.config.image_size),
+            self.train_source.num_classes,
+            self.dropout,
+            drop_path_rate,
+        )
+
+    def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None:
+        if self.recipe == "pretrain":
+            warmup = min(10_000, total_steps // 10) if self.warmup_steps is None else self.warmup_steps
+            optimizer = recipes.pretraining_optimizer(
+                total_steps,
+                learning_rate=self.learning_rate or 3e-3,
+                weight_decay=self.weight_decay,
+                warmup_steps=warmup,
+                decay="cosine",
+                ema_momentum=self.ema_momentum,
+            )
+        else:
+            optimizer = recipes.finetuning_optimizer(
+                total_steps,
+                learning_rate=self.learning_rate or 0.01,
+                warmup_steps=min(500, total_steps // 10) if self.warmup_steps is None else self.warmup_steps,
+                ema_momentum=self.ema_momentum,
+            )
+        network.compile(
+            optimizer=optimizer,
+            loss=recipes.loss(self.label_smoothing),
+            metrics=["accuracy"],
+            jit_compile=jit_compile,
+        )
+
+    def _preprocessing(self, network: keras.Model) -> tuple[tuple[int, int], tuple, tuple, str]:
+        entry = model_entry(network)
+        mean, std = data.normalisation_for(network)
+        interpolation = (entry.interpolation if entry is not None else None) or "bilinear"
+        return tuple(network.input_shape[1:3]), mean, std, interpolation
+
+    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset:
+        image_size, mean, std, interpolation = self._preprocessing(network)
+        is_digits = not isinstance(self.dataset, tuple) and os.fspath(self.dataset) == "digits"
+        return data.train_pipeline(
+            self.train_source,
+            image_size=image_size,
+            batch_size=self.batch_size,
+            mean=mean,
+            std=std,
+            seed=self.seed,
+            start_epoch=start_epoch,
+            steps_per_epoch=steps_per_epoch,
+            **runs.augmentation(is_digits, self.crop_scale, self.flip),
+            interpolation=interpolation,
+        )
+
+    def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
+        # The paper evaluates on the plain resized image, resized here as train_pipeline resizes.
+        image_size, mean, std, interpolation = self._preprocessing(network)
+        eval_spec = data.Preprocessing(image_size, mean, std, None, interpolation, resampler="tensorflow")
+        test_data = data.eval_pipeline(self.test_source, eval_spec, batch_size=self.batch_size)
+        test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
+        return {
+            "accuracy": float(test_accuracy),
+            "loss": float(test_loss),
+            "test_examples": self.test_source.num_examples,
+            "ema": self.ema_momentum is not None,
+        }
+
+    def saved_model(self, network: keras.Model) -> keras.Model:
+        return network
 
 
 def finetune(
