@@ -233,9 +233,9 @@ def _add_model_arguments(parser, default: str):
 def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: str, default_epochs: int):
     """The `data` and `optimisation` groups' shared arguments (source, size, flips, batch, length)."""
     dataset = parser.add_argument_group("data")
-    dataset.add_argument("--dataset", default="digits", help=dataset_help)
+    dataset.add_argument("--dataset", default=defaults.DATASET, help=dataset_help)
     dataset.add_argument("--data-dir", default=None, help="tensorflow-datasets data_dir")
-    dataset.add_argument("--train-split", default="train")
+    dataset.add_argument("--train-split", default=defaults.TRAIN_SPLIT)
     dataset.add_argument("--image-size", type=int, default=None, help=image_size_help)
     dataset.add_argument(
         "--flip",
@@ -253,6 +253,12 @@ def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: s
     schedule.add_argument(
         "--steps-per-epoch", type=int, default=None, help="steps between backups (default: one pass, <= 1000)"
     )
+    schedule.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help=f"linear warm-up (default: {defaults.WARMUP_FRACTION * 100:.0f}%% of the steps, recipe-capped)",
+    )
     return dataset, schedule
 
 
@@ -263,7 +269,7 @@ def _add_run_arguments(parser, output_dir: str, writes: str) -> None:
     run.add_argument(
         "--strategy",
         choices=defaults.STRATEGIES,
-        default="auto",
+        default=defaults.STRATEGIES[0],
         help="tf.distribute strategy (keras_vit.distribute.get_strategy)",
     )
     run.add_argument("--precision", choices=defaults.PRECISIONS, default=defaults.PRECISIONS[0])
@@ -273,7 +279,7 @@ def _add_run_arguments(parser, output_dir: str, writes: str) -> None:
         default="auto",
         help="XLA-compile the train step (auto: on for a single replica)",
     )
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=int, default=defaults.SEED)
     run.add_argument(
         "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
     )
@@ -317,7 +323,7 @@ def _add_training_parser(commands, name: str) -> None:
         default=finetune,
         help="checkpoint to start from: true (the variant's default), a catalog tag, a file or a hub repo id",
     )
-    model.add_argument("--dropout", type=float, default=0.0)
+    model.add_argument("--dropout", type=float, default=defaults.DROPOUT)
     model.add_argument(
         "--drop-path",
         type=float,
@@ -330,11 +336,17 @@ def _add_training_parser(commands, name: str) -> None:
         "default: the model's or checkpoint's",
         defaults.TRAIN_EPOCHS,
     )
-    dataset.add_argument("--test-split", default="test", help="the held-out split evaluated at the end")
-    schedule.add_argument(
-        "--learning-rate", "--lr", type=float, default=None, help="peak LR (default 3e-3, 0.01 to fine-tune)"
+    dataset.add_argument(
+        "--test-split", default=defaults.TEST_SPLIT, help="the held-out split evaluated at the end"
     )
-    schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
+    schedule.add_argument(
+        "--learning-rate",
+        "--lr",
+        type=float,
+        default=None,
+        help=f"peak LR (default {defaults.SCRATCH_LEARNING_RATE:g}; "
+        f"{defaults.FINETUNE_LEARNING_RATE:g} to fine-tune)",
+    )
     schedule.add_argument(
         "--weight-decay", type=float, default=defaults.WEIGHT_DECAY, help="AdamW decoupled weight decay"
     )
@@ -403,8 +415,9 @@ def _add_pretraining_parser(commands) -> None:
         default=defaults.PRETRAIN_LEARNING_RATE,
         help="peak LR (paper: 2e-4)",
     )
-    schedule.add_argument("--warmup-steps", type=int, default=None, help="default: 10%% of the steps")
-    schedule.add_argument("--weight-decay", type=float, default=0.0, help="> 0: AdamW on kernels")
+    schedule.add_argument(
+        "--weight-decay", type=float, default=defaults.PRETRAIN_WEIGHT_DECAY, help="> 0: AdamW on kernels"
+    )
     _add_run_arguments(parser, defaults.PRETRAIN_OUTPUT_DIR, "backbone.keras")
     parser.set_defaults(run=_cmd_pretrain)
 

@@ -5,13 +5,28 @@ shows the library's own values without importing TensorFlow or Keras.
 """
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
-STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")
+STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "tpu")  # first: the default
+JIT_CHOICES = ("auto", True, False)
 RECIPES = ("pretrain", "finetune")
 MPP_TARGETS = ("mean_color", "grid_4x4", "regression")
 HEAD_FUSIONS = ("mean", "max", "min")
 
+# Every training command (keras_vit.runs.fit_task).
+DATASET = "digits"  # scikit-learn's handwritten digits: offline, the main job's data
+TRAIN_SPLIT = "train"
+TEST_SPLIT = "test"
+SEED = 0
+DROPOUT = 0.0
+WARMUP_FRACTION = 0.1  # linear warm-up over this share of the steps, capped by the recipe's
+
 # keras_vit.training.train / `keras-vit train` (the main job) and `finetune`.
 TRAIN_MODEL = "vit_digits"
+# Peak learning rate and warm-up cap of the recipes: AdamW from scratch (the paper's
+# ImageNet-1k value) and SGD momentum fine-tuning (code default 500 warm-up steps).
+SCRATCH_LEARNING_RATE = 3e-3
+SCRATCH_WARMUP_CAP = 10_000
+FINETUNE_LEARNING_RATE = 0.01
+FINETUNE_WARMUP_CAP = 500
 FINETUNE_MODEL = "vit_b16"
 TRAIN_EPOCHS = 100  # passes over the data when neither steps nor epochs is given (the main job)
 # Stochastic depth when training from scratch (DeiT's and AugReg's small-data regularisation;
@@ -25,6 +40,7 @@ TRAIN_OUTPUT_DIR = "vit_run"
 # keras_vit.pretrain.pretrain / `keras-vit pretrain` (masked patch prediction, paper App. B.1.2).
 PRETRAIN_EPOCHS = 50
 PRETRAIN_LEARNING_RATE = 2e-4
+PRETRAIN_WEIGHT_DECAY = 0.0
 PRETRAIN_OUTPUT_DIR = "vit_mpp"
 MPP_BITS = 3
 MPP_CORRUPT_RATE = 0.5

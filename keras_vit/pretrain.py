@@ -515,7 +515,7 @@ def _train_source(dataset, train_split: str, data_dir: str | os.PathLike | None)
 
 def pretrain(
     model: str | ViTConfig = defaults.TRAIN_MODEL,
-    dataset: str | os.PathLike | data.Source | np.ndarray = "digits",
+    dataset: str | os.PathLike | data.Source | np.ndarray = defaults.DATASET,
     *,
     output_dir: str | os.PathLike = defaults.PRETRAIN_OUTPUT_DIR,
     image_size: int | None = None,
@@ -525,20 +525,20 @@ def pretrain(
     steps_per_epoch: int | None = None,
     learning_rate: float = defaults.PRETRAIN_LEARNING_RATE,
     warmup_steps: int | None = None,
-    weight_decay: float = 0.0,
+    weight_decay: float = defaults.PRETRAIN_WEIGHT_DECAY,
     target: str = MPP_TARGETS[0],
     bits: int = defaults.MPP_BITS,
     corrupt_rate: float = defaults.MPP_CORRUPT_RATE,
     mask_rate: float = defaults.MPP_MASK_RATE,
     random_rate: float = defaults.MPP_RANDOM_RATE,
-    dropout: float = 0.0,
+    dropout: float = defaults.DROPOUT,
     crop_scale: Sequence[float] | None = None,
     flip: bool | None = None,
-    strategy: str | tf.distribute.Strategy = "auto",
-    precision: str = "float32",
-    jit_compile: bool | str = "auto",
-    seed: int = 0,
-    train_split: str = "train",
+    strategy: str | tf.distribute.Strategy = defaults.STRATEGIES[0],
+    precision: str = defaults.PRECISIONS[0],
+    jit_compile: bool | str = defaults.JIT_CHOICES[0],
+    seed: int = defaults.SEED,
+    train_split: str = defaults.TRAIN_SPLIT,
     data_dir: str | os.PathLike | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int | str = "auto",
@@ -654,13 +654,12 @@ class MaskedPatchTask:
         )
 
     def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None:
-        warmup = min(10_000, total_steps // 10) if self.warmup_steps is None else self.warmup_steps
         network.compile(
             optimizer=recipes.pretraining_optimizer(
                 total_steps,
                 learning_rate=self.learning_rate,
                 weight_decay=self.weight_decay,
-                warmup_steps=warmup,
+                warmup_steps=runs.warmup_steps(self.warmup_steps, total_steps, defaults.SCRATCH_WARMUP_CAP),
                 decay="cosine",
             ),
             jit_compile=jit_compile,

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import data
-from keras_vit.defaults import PRECISIONS
+from keras_vit.defaults import JIT_CHOICES, PRECISIONS, WARMUP_FRACTION
 from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "start_run",
     "tensorboard_callbacks",
     "verbosity",
+    "warmup_steps",
     "worker_dir",
     "write_json",
 ]
@@ -264,6 +265,13 @@ def remove_backup(backup_dir: str) -> None:
         os.rmdir(backup_dir)
 
 
+def warmup_steps(requested: int | None, total_steps: int, cap: int) -> int:
+    """The warm-up length: as requested, else `defaults.WARMUP_FRACTION` of the steps, at most `cap`."""
+    if requested is not None:
+        return requested
+    return min(cap, int(total_steps * WARMUP_FRACTION))
+
+
 class Task(Protocol):
     """What one kind of training run adds to the shared driver `fit_task`.
 
@@ -324,7 +332,7 @@ def fit_task(
     `"auto"`: on for a single replica), TensorBoard logs and progress, and a report with the
     task's metrics, timings, versions and the arguments.
     """
-    if jit_compile not in (True, False, "auto"):
+    if jit_compile not in JIT_CHOICES:
         raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}.")
     strategy = start_run(strategy, precision, batch_size, seed)
     if jit_compile == "auto":

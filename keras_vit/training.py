@@ -130,7 +130,7 @@ def _build_model(
 
 def train(
     model: str | ViTConfig = defaults.TRAIN_MODEL,
-    dataset: str | os.PathLike | tuple[data.Source, data.Source] = "digits",
+    dataset: str | os.PathLike | tuple[data.Source, data.Source] = defaults.DATASET,
     *,
     output_dir: str | os.PathLike = defaults.TRAIN_OUTPUT_DIR,
     recipe: str = "pretrain",
@@ -145,16 +145,16 @@ def train(
     weight_decay: float = defaults.WEIGHT_DECAY,
     label_smoothing: float = defaults.LABEL_SMOOTHING,
     ema_momentum: float | None = None,
-    dropout: float = 0.0,
+    dropout: float = defaults.DROPOUT,
     drop_path_rate: float | None = None,
     crop_scale: Sequence[float] | None = None,
     flip: bool | None = None,
-    strategy: str | tf.distribute.Strategy = "auto",
-    precision: str = "float32",
-    jit_compile: bool | str = "auto",
-    seed: int = 0,
-    train_split: str = "train",
-    test_split: str = "test",
+    strategy: str | tf.distribute.Strategy = defaults.STRATEGIES[0],
+    precision: str = defaults.PRECISIONS[0],
+    jit_compile: bool | str = defaults.JIT_CHOICES[0],
+    seed: int = defaults.SEED,
+    train_split: str = defaults.TRAIN_SPLIT,
+    test_split: str = defaults.TEST_SPLIT,
     data_dir: str | os.PathLike | None = None,
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int | str = "auto",
@@ -301,20 +301,19 @@ class ClassificationTask:
 
     def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None:
         if self.recipe == "pretrain":
-            warmup = min(10_000, total_steps // 10) if self.warmup_steps is None else self.warmup_steps
             optimizer = recipes.pretraining_optimizer(
                 total_steps,
-                learning_rate=self.learning_rate or 3e-3,
+                learning_rate=self.learning_rate or defaults.SCRATCH_LEARNING_RATE,
                 weight_decay=self.weight_decay,
-                warmup_steps=warmup,
+                warmup_steps=runs.warmup_steps(self.warmup_steps, total_steps, defaults.SCRATCH_WARMUP_CAP),
                 decay="cosine",
                 ema_momentum=self.ema_momentum,
             )
         else:
             optimizer = recipes.finetuning_optimizer(
                 total_steps,
-                learning_rate=self.learning_rate or 0.01,
-                warmup_steps=min(500, total_steps // 10) if self.warmup_steps is None else self.warmup_steps,
+                learning_rate=self.learning_rate or defaults.FINETUNE_LEARNING_RATE,
+                warmup_steps=runs.warmup_steps(self.warmup_steps, total_steps, defaults.FINETUNE_WARMUP_CAP),
                 ema_momentum=self.ema_momentum,
             )
         network.compile(
@@ -332,7 +331,7 @@ class ClassificationTask:
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset:
         image_size, mean, std, interpolation = self._preprocessing(network)
-        is_digits = not isinstance(self.dataset, tuple) and os.fspath(self.dataset) == "digits"
+        is_digits = not isinstance(self.dataset, tuple) and os.fspath(self.dataset) == defaults.DATASET
         return data.train_pipeline(
             self.train_source,
             image_size=image_size,
@@ -365,7 +364,7 @@ class ClassificationTask:
 
 def finetune(
     model: str | ViTConfig = defaults.FINETUNE_MODEL,
-    dataset: str | os.PathLike | tuple[data.Source, data.Source] = "digits",
+    dataset: str | os.PathLike | tuple[data.Source, data.Source] = defaults.DATASET,
     *,
     pretrained: bool | str | os.PathLike | keras.Model = True,
     **kwargs,

@@ -85,3 +85,26 @@ def test_example_classifies_the_cat_photo(checkpoint, monkeypatch, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "chelsea" in out and len(_top_lines(out)) == 5
+
+
+@pytest.mark.parametrize(
+    ("command", "function"), [("train", "training.train"), ("pretrain", "pretrain.pretrain")]
+)
+def test_cli_defaults_are_the_library_defaults(command, function):
+    """Every default is declared once (keras_vit.defaults): the CLI passes the library's own values."""
+    import inspect
+
+    module, name = function.split(".")
+    signature = inspect.signature(getattr(getattr(keras_vit, module), name))
+    args = cli.build_parser().parse_args([command])
+    renamed = {"ema": "ema_momentum", "drop_path": "drop_path_rate", "model": "model"}
+    checked = 0
+    for flag, value in vars(args).items():
+        parameter = signature.parameters.get(renamed.get(flag, flag))
+        if parameter is None or parameter.default is inspect.Parameter.empty or value is None:
+            continue
+        if flag == "jit_compile":
+            value = {"on": True, "off": False}.get(value, value)
+        assert value == parameter.default, (flag, value, parameter.default)
+        checked += 1
+    assert checked >= 12, checked
