@@ -1,7 +1,9 @@
 """What the benchmark suite measures: architectures, competitors, cases and the FLOP count.
 
 Shared by `run.py` (the orchestrator) and `worker.py` (one process per competitor). Plain
-Python only: the timm worker must not import TensorFlow, nor the Keras workers torch.
+Python only: the timm worker and the Keras worker on the torch backend must not import
+TensorFlow (with torch 2.14, TensorFlow imported before torch's compiler stack segfaults), nor
+the Keras workers on TensorFlow torch.
 
 FLOP count of a plain ViT forward pass, per image (one multiply-add = 2 FLOPs), with patch
 size P, C input channels, N = (H/P)(W/P) patches, T = N + 1 tokens, width D, MLP width M,
@@ -64,18 +66,19 @@ def forward_flops(arch: Arch, image_size: int = IMAGE_SIZE, num_classes: int = N
 
 @dataclass(frozen=True)
 class Competitor:
-    """A contestant: which worker process runs it (`framework`, logical CPUs) and how."""
+    """A contestant: which worker process runs it (`framework`, Keras backend, logical CPUs) and how."""
 
     name: str
     framework: str  # "keras_vit", "keras_hub" or "timm": the worker's library
     family: str  # competitors of one family are alternatives the same user could pick
-    jit: bool = False  # Keras: XLA (`jit_compile=True`)
+    jit: bool = False  # Keras: XLA (`jit_compile=True`; on JAX always)
     logical_cpus: int = 1  # > 1: a separate worker with a MirroredStrategy over logical CPUs
     label: str = ""
+    backend: str = "tensorflow"  # Keras workers: KERAS_BACKEND of the worker process
 
     @property
-    def worker_key(self) -> tuple[str, int]:
-        return self.framework, self.logical_cpus
+    def worker_key(self) -> tuple[str, int, str]:
+        return self.framework, self.logical_cpus, self.backend
 
 
 COMPETITORS: dict[str, Competitor] = {
@@ -83,9 +86,18 @@ COMPETITORS: dict[str, Competitor] = {
     for c in (
         Competitor("keras_vit", "keras_vit", "keras_vit", label="keras_vit"),
         Competitor("keras_vit_xla", "keras_vit", "keras_vit", jit=True, label="keras_vit XLA"),
+        # The same models on Keras's other backends: a family each, as the backend is chosen
+        # once per process. JAX always compiles with XLA; the torch backend runs eagerly, as
+        # Keras does by default (`jit_compile="auto"`).
+        Competitor(
+            "keras_vit_jax", "keras_vit", "keras_vit_jax", jit=True, label="keras_vit JAX", backend="jax"
+        ),
+        Competitor(
+            "keras_vit_torch", "keras_vit", "keras_vit_torch", label="keras_vit PyTorch", backend="torch"
+        ),
         Competitor("keras_hub", "keras_hub", "keras_hub", label="keras_hub"),
         Competitor("keras_hub_xla", "keras_hub", "keras_hub", jit=True, label="keras_hub XLA"),
-        Competitor("timm", "timm", "timm", label="timm"),
+        Competitor("timm", "timm", "timm", label="timm", backend="torch"),  # KERAS_BACKEND if imported
         Competitor(
             "keras_vit_mirrored",
             "keras_vit",
@@ -96,7 +108,7 @@ COMPETITORS: dict[str, Competitor] = {
     )
 }
 XLA_COMPETITORS = ("keras_vit_xla", "keras_hub_xla")
-FAMILIES = ("keras_vit", "keras_hub", "timm")
+FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch", "keras_hub", "timm")
 
 
 @dataclass(frozen=True)
@@ -133,7 +145,15 @@ class Case:
         return "matmul_bf16" if self.precision == "bfloat16" else "matmul_fp32"
 
 
-_MODEL_PEERS = ("keras_vit", "keras_vit_xla", "keras_hub", "keras_hub_xla", "timm")
+_MODEL_PEERS = (
+    "keras_vit",
+    "keras_vit_xla",
+    "keras_vit_jax",
+    "keras_vit_torch",
+    "keras_hub",
+    "keras_hub_xla",
+    "timm",
+)
 _PRECISION_TAGS = {"float32": "fp32", "bfloat16": "bf16"}
 
 
@@ -176,10 +196,11 @@ CASES: dict[str, Case] = {
             "ViT-B/16 first call (fresh process: build + predict 1 image)",
             f"ViT-B/16 first-call latency: build (random weights) + first prediction of 1 image "
             f"at {IMAGE_SIZE} px, in a fresh process (Keras: model.predict)",
-            ("keras_vit", "keras_hub", "timm"),
+            ("keras_vit", "keras_vit_jax", "keras_vit_torch", "keras_hub", "timm"),
             "vit_b16",
         ),
         _model_case("train", "vit_s16", 32, "float32"),
+        _model_case("train", "vit_ti16", 32, "float32"),  # small: smoke tests of the training path
         _model_case("train", "vit_s16", 32, "bfloat16"),
         Case(
             "train_s16_fp32_bs32_mirrored",

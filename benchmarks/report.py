@@ -19,7 +19,23 @@ from cases import CASES, COMPETITORS
 
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-MODEL_COLUMNS = ("keras_vit", "keras_vit_xla", "keras_hub", "keras_hub_xla", "timm")
+MODEL_COLUMNS = (
+    "keras_vit",
+    "keras_vit_xla",
+    "keras_vit_jax",
+    "keras_vit_torch",
+    "keras_hub",
+    "keras_hub_xla",
+    "timm",
+)
+KERAS_VIT_FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch")  # TensorFlow, JAX, PyTorch
+BACKENDS_NOTE = (
+    "keras_vit and keras_vit XLA run on Keras's TensorFlow backend (graph, XLA); keras_vit JAX on "
+    "its JAX backend (XLA: `jax.jit` of the forward pass, `train_on_batch`'s compiled step); "
+    "keras_vit PyTorch on its torch backend, eager as Keras runs it by default (`train_on_batch`; "
+    "inference under `torch.inference_mode()`): the same model code, inputs and thread count "
+    "(`benchmarks/worker.py`). The GFLOP/s column is keras_vit's fastest column."
+)
 
 
 class MarkersError(ValueError):
@@ -46,26 +62,57 @@ def _ratio(record: dict, first: str, second: str) -> str:
 def _fastest_keras_vit(record: dict) -> dict | None:
     candidates = [
         record["competitors"][name]
-        for name in ("keras_vit", "keras_vit_xla")
-        if "images_per_s" in record["competitors"].get(name, {})
+        for name in MODEL_COLUMNS
+        if name.startswith("keras_vit") and "images_per_s" in record["competitors"].get(name, {})
     ]
     return max(candidates, key=lambda entry: entry["images_per_s"]["median"], default=None)
 
 
-def model_table(cases: dict) -> list[str]:
-    """Inference and training throughput (images/s) of every library, ratios, GFLOP/s."""
-    rows = [
-        "| Case (images/s) | "
-        + " | ".join(COMPETITORS[name].label for name in MODEL_COLUMNS)
-        + " | keras_vit ÷ keras_hub "
-        "| keras_vit ÷ timm | keras_vit GFLOP/s (share of matmul) |",
-        "|---|" + "---:|" * (len(MODEL_COLUMNS) + 3),
+def _model_cases(cases: dict) -> list[tuple[str, dict]]:
+    """The inference and training cases of the libraries' table (not the mirrored one)."""
+    return [
+        (name, record)
+        for name, record in cases.items()
+        if CASES[name].kind in ("infer", "train") and "keras_vit_mirrored" not in CASES[name].competitors
     ]
-    for name, record in cases.items():
+
+
+def model_columns(cases: dict) -> list[str]:
+    """The competitors that ran in at least one model case, in the table's order."""
+    ran = {competitor for _, record in _model_cases(cases) for competitor in record["competitors"]}
+    return [name for name in MODEL_COLUMNS if name in ran]
+
+
+def _ratio_columns(columns: list[str]) -> list[tuple[str, str, str]]:
+    """(header, first family, second family) of the ratio columns the competitors allow."""
+    families = {COMPETITORS[name].family for name in columns}
+    pairs = []
+    if "keras_hub" in families:
+        pairs.append(("keras_vit", "keras_hub"))
+    if "timm" in families:
+        pairs += [(family, "timm") for family in KERAS_VIT_FAMILIES]
+    return [
+        (f"{COMPETITORS[first].label} ÷ {COMPETITORS[second].label}", first, second)
+        for first, second in pairs
+        if first in families
+    ]
+
+
+def model_table(cases: dict) -> list[str]:
+    """Inference and training throughput (images/s) of every library, ratios, GFLOP/s (and a
+    blank line after them; nothing if no such case ran)."""
+    columns = model_columns(cases)
+    if not columns:
+        return []
+    ratio_columns = _ratio_columns(columns)
+    headers = [COMPETITORS[name].label for name in columns] + [header for header, _, _ in ratio_columns]
+    rows = [
+        "| Case (images/s) | " + " | ".join(headers) + " | keras_vit GFLOP/s (share of matmul) |",
+        "|---|" + "---:|" * (len(headers) + 1),
+    ]
+    for name, record in _model_cases(cases):
         case = CASES[name]
-        if case.kind not in ("infer", "train") or "keras_hub" not in case.competitors:
-            continue
-        cells = [_cell(record["competitors"].get(column), "images_per_s") for column in MODEL_COLUMNS]
+        cells = [_cell(record["competitors"].get(column), "images_per_s") for column in columns]
         best = _fastest_keras_vit(record)
         flops = "–"
         if best is not None and "gflops" in best:
@@ -73,13 +120,14 @@ def model_table(cases: dict) -> list[str]:
             if "matmul_share" in best:
                 flops += f" ({100 * best['matmul_share']:.0f}%)"
         noisy = " †" if record.get("noisy") else ""
-        cells += [_ratio(record, "keras_vit", "keras_hub"), _ratio(record, "keras_vit", "timm"), flops]
-        rows.append(f"| {case.title}{noisy} | " + " | ".join(cells) + " |")
-    return rows
+        cells += [_ratio(record, first, second) for _, first, second in ratio_columns]
+        rows.append(f"| {case.title}{noisy} | " + " | ".join(cells + [flops]) + " |")
+    return rows + [""]
 
 
 def other_rows(cases: dict) -> list[str]:
-    """Matmul rates, first-call latency, MirroredStrategy scaling and the input pipeline."""
+    """Matmul rates, first-call latency, MirroredStrategy scaling and the input pipeline (and a
+    blank line after them; nothing if none of them ran)."""
     rows = ["| Measurement | Result |", "|---|---|"]
     for name, record in cases.items():
         case = CASES[name]
@@ -92,7 +140,8 @@ def other_rows(cases: dict) -> list[str]:
             ]
         elif case.kind == "first_call":
             parts = [f"{competitor} {_cell(entry, 'seconds')} s" for competitor, entry in entries.items()]
-            parts.append(f"keras_vit ÷ keras_hub {_ratio(record, 'keras_vit', 'keras_hub')} (speed)")
+            if {"keras_vit", "keras_hub"} <= set(entries):
+                parts.append(f"keras_vit ÷ keras_hub {_ratio(record, 'keras_vit', 'keras_hub')} (speed)")
         elif case.kind == "pipeline":
             parts = [f"{_cell(entries.get('keras_vit'), 'images_per_s', 0)} images/s"]
             if "ratio_to_training" in record:
@@ -105,7 +154,7 @@ def other_rows(cases: dict) -> list[str]:
         else:
             continue
         rows.append(f"| {case.title}{noisy} | {', '.join(parts)} |")
-    return rows
+    return rows + [""] if len(rows) > 2 else []  # no table without a row
 
 
 def render(results: dict) -> str:
@@ -123,15 +172,21 @@ def render(results: dict) -> str:
         f"`{results['command']}`, then `python benchmarks/report.py <results.json> --readme`.",
         "",
         *model_table(results["cases"]),
-        "",
         *other_rows(results["cases"]),
-        "",
         "Images/s and GFLOP/s are medians over the rounds; ratios are medians of per-round ratios, "
         "comparing each library's faster mode (with or without XLA) in each round. GFLOP/s counts "
         "the model's matmuls and convolution (`benchmarks/cases.py`; a training step is 3× the "
         "forward pass); the share is of TensorFlow's 2048³ matmul rate of the same precision, "
         "measured in the same run.",
     ]
+    if set(model_columns(results["cases"])) - {
+        "keras_vit",
+        "keras_vit_xla",
+        "keras_hub",
+        "keras_hub_xla",
+        "timm",
+    }:
+        lines.append(BACKENDS_NOTE)
     if any(record.get("noisy") for record in results["cases"].values()):
         lines.append(
             f"† No quiet round (other processes took over {100 * settings['max_other']:.0f}% of the CPUs "

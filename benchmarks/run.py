@@ -3,12 +3,16 @@
     python benchmarks/run.py                 # every case, 5 rounds of >= 2 s per measurement
     python benchmarks/run.py --jit           # also keras_vit and keras_hub with XLA
     python benchmarks/run.py --cases infer_b16_fp32_bs16 train_s16_fp32_bs32 --rounds 7
+    python benchmarks/run.py --cases infer_b16_fp32_bs16 train_s16_fp32_bs32 \
+        --competitors keras_vit keras_vit_jax keras_vit_torch timm   # Keras's 3 backends vs timm
     python benchmarks/run.py --quick         # smoke test: 6 cases, 2 short rounds, to *-quick.json
     python benchmarks/report.py benchmarks/results/<machine>.json   # the markdown table
 
-One long-lived worker process per competitor's library (`worker.py`: keras_vit, keras_hub,
-timm; plus a keras_vit worker with a MirroredStrategy over 2 logical CPUs for the mirrored
-case), each with the same thread count, all started with random weights and identical inputs.
+One long-lived worker process per competitor's library and Keras backend (`worker.py`: keras_vit
+and keras_hub on TensorFlow, keras_vit on JAX (`keras_vit_jax`) and on PyTorch
+(`keras_vit_torch`), each started with `KERAS_BACKEND` set, and timm; plus a keras_vit worker
+with a MirroredStrategy over 2 logical CPUs for the mirrored case), each with the same thread
+count, all started with random weights and identical inputs.
 Every case is built and warmed up first (tracing, XLA compilation; one timed call sets how many
 calls make a measurement of at least `--min-time` seconds). Then each round measures every
 case's competitors one after another, in an order rotated from round to round (A B C, B C A,
@@ -165,10 +169,16 @@ class WorkerError(RuntimeError):
 class Worker:
     """A `worker.py` process and its JSON-lines conversation; stderr goes to a log file."""
 
-    def __init__(self, python: str, framework: str, threads: int, logical_cpus: int, log_dir: str):
-        self.log_path = os.path.join(log_dir, f"{framework}-{logical_cpus}cpu-{time.monotonic_ns()}.log")
+    def __init__(
+        self, python: str, framework: str, backend: str, threads: int, logical_cpus: int, log_dir: str
+    ):
+        name = f"{framework}-{backend}-{logical_cpus}cpu-{time.monotonic_ns()}.log"
+        self.log_path = os.path.join(log_dir, name)
         self.log = open(self.log_path, "w")
-        environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS=str(threads))
+        # KERAS_BACKEND picks the Keras workers' backend before they import keras (timm's: torch).
+        environment = dict(
+            os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS=str(threads), KERAS_BACKEND=backend
+        )
         command = [
             python,
             os.path.join(HERE, "worker.py"),
@@ -178,6 +188,8 @@ class Worker:
             str(threads),
         ]
         command += ["--logical-cpus", str(logical_cpus)]
+        if framework != "timm":
+            command += ["--backend", backend]
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -248,8 +260,8 @@ class Suite:
 
     def __init__(self, args: argparse.Namespace, log_dir: str):
         self.args, self.log_dir = args, log_dir
-        self.workers: dict[tuple[str, int], Worker] = {}
-        self.worker_errors: dict[tuple[str, int], str] = {}
+        self.workers: dict[tuple[str, int, str], Worker] = {}
+        self.worker_errors: dict[tuple[str, int, str], str] = {}
         self.versions: dict[str, dict] = {}
         self.results: dict[str, dict] = {}
 
@@ -263,6 +275,7 @@ class Suite:
         return Worker(
             self.python_for(competitor),
             competitor.framework,
+            competitor.backend,
             self.args.threads,
             competitor.logical_cpus,
             self.log_dir,
@@ -281,7 +294,10 @@ class Suite:
                 raise
             self.versions[competitor.family] = worker.hello["versions"]
             seconds = worker.hello["import_s"]
-            print(f"  started the {competitor.framework} worker (pid {worker.pid}, import {seconds:.1f} s)")
+            what = competitor.framework
+            if competitor.framework != "timm":
+                what += f" ({competitor.backend})"
+            print(f"  started the {what} worker (pid {worker.pid}, import {seconds:.1f} s)")
         return self.workers[key]
 
     def lose(self, competitor: Competitor, error: Exception) -> None:

@@ -1,10 +1,14 @@
 """One competitor's long-lived benchmark process, driven by `run.py` over stdin/stdout JSON lines.
 
-    python benchmarks/worker.py --framework keras_vit|keras_hub|timm --threads N [--logical-cpus 2]
+    python benchmarks/worker.py --framework keras_vit|keras_hub|timm --threads N
+        [--backend tensorflow|jax|torch] [--logical-cpus 2]
 
 The framework is imported once, with its thread pools set to N (TensorFlow intra- and
-inter-op pools; torch intra- and inter-op threads). The worker then answers one JSON request
-per line with one JSON reply per line, `{"ok": true, ...}` or `{"ok": false, "error": ...}`:
+inter-op pools; torch intra- and inter-op threads; JAX: see `KerasWorker`). Keras workers run
+on `--backend` (`KERAS_BACKEND`, default tensorflow): `TensorFlowKerasWorker` on TensorFlow,
+the backend-neutral `KerasWorker` on JAX and PyTorch (torch imported before keras, TensorFlow
+never). The worker then answers one JSON request per line with one JSON reply per line,
+`{"ok": true, ...}` or `{"ok": false, "error": ...}`:
 
 * `{"op": "setup", "case": NAME, "jit": bool, "warmup": n, "max_call": s}` builds the case's
   model (random weights) and inputs, runs `warmup` (>= 1) untimed calls (the first traces and
@@ -15,12 +19,15 @@ per line with one JSON reply per line, `{"ok": true, ...}` or `{"ok": false, "er
 * `{"op": "first_call", "case": NAME}`: `seconds` to build the model and predict once.
 * `{"op": "quit"}`.
 
-What one call is: inference, Keras: `tf.function(lambda x: model(x, training=False))` on a
-fixed float32 batch (`jit_compile=jit`), result fetched with `.numpy()`; timm: `model(x)`
-under `torch.inference_mode()` (and `torch.autocast("cpu", torch.bfloat16)` for bfloat16).
+What one call is: inference, Keras on TensorFlow: `tf.function(lambda x: model(x,
+training=False))` on a fixed float32 batch (`jit_compile=jit`), result fetched with
+`.numpy()`; on JAX, the same forward as `jax.jit(model.stateless_call)`; on torch, eager under
+`torch.inference_mode()` (details in `KerasWorker`); timm: `model(x)` under
+`torch.inference_mode()` (and `torch.autocast("cpu", torch.bfloat16)` for bfloat16).
 Training, Keras: `model.compile(AdamW, sparse cross-entropy from logits, jit_compile=jit)`,
-then the compiled `model.train_function` (what `model.fit` runs per step) on an endless
-tf.data stream of one fixed batch, loss fetched; timm: zero_grad, forward (autocast for
+then on TensorFlow the compiled `model.train_function` (what `model.fit` runs per step) on an
+endless tf.data stream of one fixed batch, on JAX and torch `model.train_on_batch(x, y)` (the
+same step, one batch), loss fetched; timm: zero_grad, forward (autocast for
 bfloat16), `F.cross_entropy`, backward, `AdamW.step()`, loss fetched. Both AdamW with
 lr 1e-3, weight decay 0.05, no clipping. Matmul: `MATMUL_SIZE`² operands, eager
 `tf.linalg.matmul` / `torch.matmul`, synchronised after the last call. Pipeline: a fresh
@@ -86,22 +93,50 @@ def timed(step: Callable[[], object], finish: Callable[[object], object] = lambd
     return run
 
 
-class KerasBackend:
-    """keras_vit or keras_hub on TensorFlow; with `logical_cpus` > 1, under a MirroredStrategy."""
+class KerasWorker:
+    """keras_vit or keras_hub on the process's Keras backend, backend-neutral (JAX, PyTorch).
 
-    def __init__(self, framework: str, threads: int, logical_cpus: int):
-        import tensorflow as tf
+    Keras's backend is fixed once per process, before `import keras`: `KERAS_BACKEND` is set
+    here from `--backend` (and by `run.py` in the worker's environment). Threads, per backend:
 
-        if logical_cpus > 1:  # must precede every TensorFlow op
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * logical_cpus
-            )
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    * torch: imported first (before keras; never TensorFlow, which with torch 2.14 segfaults
+      torch's compiler stack when imported before it), then `torch.set_num_threads(N)` and
+      `torch.set_num_interop_threads(N)`, as in the timm worker.
+    * JAX: XLA's CPU client sizes its Eigen intra-op pool by the CPUs the process may run on
+      and has no thread-count option (`--xla_cpu_multi_thread_eigen=false` only drops it to
+      one thread). So the worker uses all of its CPUs (N = the machine's by default), and with
+      N below that it first pins itself to N of them (`os.sched_setaffinity`, before importing
+      jax: the pool then has N threads).
+
+    The timed step is each backend's fast path, the one Keras itself compiles for
+    `predict_on_batch` / `train_on_batch`, with the batch already a backend tensor (as the
+    TensorFlow worker's `tf.constant`) and the result fetched to the host every call:
+
+    * inference, JAX: `jax.jit` of `model.stateless_call(trainable, non_trainable, x,
+      training=False)`, the body of Keras's JAX `predict_step`, without the per-call NumPy to
+      device copy and state bookkeeping of `predict_on_batch`; XLA compiles the whole forward.
+    * inference, torch: `model(x, training=False)` under `torch.inference_mode()`, eagerly:
+      what `predict_on_batch` runs (it uses `no_grad`; inference mode, as timm's worker, also
+      skips version counters). Keras compiles on torch only with `jit_compile=True`
+      (`torch.compile`), not its default and not benchmarked here.
+    * training: `model.compile(AdamW(1e-3, weight_decay=0.05), sparse cross-entropy from logits,
+      jit_compile=jit)`, then `model.train_on_batch(x, y)` (what `fit` runs per step): on JAX
+      one `jax.jit`-compiled step (forward, backward, AdamW) with donated state, on torch
+      eager forward, `loss.backward()` and Keras's AdamW (`torch._foreach_*` ops).
+
+    JAX always runs with `jit` (XLA; eager JAX is not a mode anyone trains in); `jit` on torch
+    (`torch.compile`) is refused.
+    """
+
+    def __init__(self, framework: str, threads: int, logical_cpus: int, backend: str):
+        os.environ["KERAS_BACKEND"] = backend  # before `import keras`, wherever it happens
+        self.framework, self.backend = framework, backend
+        self.import_backend(threads, logical_cpus)
         import keras
 
-        self.tf, self.keras, self.framework = tf, keras, framework
+        if keras.backend.backend() != backend:
+            raise RuntimeError(f"Keras runs on {keras.backend.backend()}, not {backend}.")
+        self.keras = keras
         if framework == "keras_hub":
             import keras_hub
 
@@ -110,22 +145,43 @@ class KerasBackend:
             import keras_vit
 
             self.library = keras_vit
-        self.strategy = (
-            tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(logical_cpus)])
-            if logical_cpus > 1
-            else None
-        )
         self.models: dict[tuple, object] = {}
+
+    def import_backend(self, threads: int, logical_cpus: int) -> None:
+        """Import the backend's framework with `threads` threads, before keras."""
+        if logical_cpus > 1:
+            raise ValueError("Logical CPUs (MirroredStrategy) are a TensorFlow setting.")
+        if self.backend == "torch":
+            import torch
+
+            torch.set_num_threads(threads)
+            torch.set_num_interop_threads(threads)
+            self.torch = torch
+        elif self.backend == "jax":
+            cpus = sorted(os.sched_getaffinity(0))
+            if threads < len(cpus):
+                os.sched_setaffinity(0, cpus[:threads])
+            import jax
+
+            self.jax = jax
+        else:
+            raise ValueError(f"Unknown Keras backend {self.backend!r}.")
 
     def versions(self) -> dict:
         import numpy
 
-        return {
-            "tensorflow": self.tf.__version__,
+        versions = {
             "keras": self.keras.__version__,
             self.framework: getattr(self.library, "__version__", "unknown"),
             "numpy": numpy.__version__,
         }
+        if self.backend == "torch":
+            versions["torch"] = self.torch.__version__
+        elif self.backend == "jax":
+            import jaxlib
+
+            versions.update(jax=self.jax.__version__, jaxlib=jaxlib.__version__)
+        return versions
 
     def build(self, arch_name: str, precision: str):
         """The classifier with random weights, under the case's dtype policy."""
@@ -148,7 +204,9 @@ class KerasBackend:
                     raise ValueError(
                         f"benchmarks/cases.py has {arch_name} as {expected}, keras_vit {actual}."
                     )
-                return self.library.create_model(arch_name, image_size=IMAGE_SIZE, num_classes=NUM_CLASSES)
+                return self.library.create_model(
+                    arch_name, image_size=IMAGE_SIZE, num_classes=NUM_CLASSES, classifier_activation=None
+                )  # logits, as the other libraries' models and the from-logits loss
             backbone = self.library.models.ViTBackbone(
                 image_shape=(IMAGE_SIZE, IMAGE_SIZE, CHANNELS),
                 patch_size=arch.patch_size,
@@ -172,6 +230,96 @@ class KerasBackend:
 
     def runner(self, case: Case, jit: bool) -> tuple[Runner, int | None]:
         """The case's timed runner and the model's parameter count (None without a model)."""
+        if case.kind not in ("infer", "train"):
+            raise ValueError(f"The {self.backend} Keras worker cannot run {case.kind!r} cases.")
+        if self.backend == "jax" and not jit:
+            raise ValueError("Keras on JAX is benchmarked compiled (jit), as it runs by default.")
+        if self.backend == "torch" and jit:
+            raise ValueError("torch.compile (jit_compile=True on torch) is not benchmarked.")
+        images, labels = random_batch(case.batch)
+        if case.kind == "infer":
+            return self._infer_runner(case, jit, images)
+        return self._train_runner(case, jit, images, labels)
+
+    def _infer_runner(self, case: Case, jit: bool, images) -> tuple[Runner, int]:
+        import numpy as np
+
+        model = self._cached_model(case)
+        if self.backend == "jax":
+            jax = self.jax
+            trainable = [variable.value for variable in model.trainable_variables]
+            non_trainable = [variable.value for variable in model.non_trainable_variables]
+
+            @jax.jit
+            def forward(trainable, non_trainable, x):
+                return model.stateless_call(trainable, non_trainable, x, training=False)[0]
+
+            inputs = jax.device_put(images)
+            return timed(lambda: np.asarray(forward(trainable, non_trainable, inputs))), model.count_params()
+        torch = self.torch
+        inputs = self.keras.ops.convert_to_tensor(images)  # on Keras's torch device
+
+        def forward():
+            with torch.inference_mode():
+                return model(inputs, training=False).cpu().numpy()
+
+        return timed(forward), model.count_params()
+
+    def compiled_for_training(self, case: Case, jit: bool):
+        """A fresh model, compiled with AdamW and the sparse cross-entropy from logits."""
+        keras = self.keras
+        model = self.build(case.arch, case.precision)
+        model.compile(
+            optimizer=keras.optimizers.AdamW(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit,
+        )
+        return model
+
+    def _train_runner(self, case: Case, jit: bool, images, labels) -> tuple[Runner, int]:
+        model = self.compiled_for_training(case, jit)
+        x, y = (self.keras.ops.convert_to_tensor(array) for array in (images, labels))
+        return timed(lambda: float(model.train_on_batch(x, y))), model.count_params()
+
+    def first_call(self, case: Case) -> float:
+        images, _ = random_batch(case.batch)
+        start = time.perf_counter()
+        model = self.build(case.arch, case.precision)
+        model.predict(images, verbose=0)
+        return time.perf_counter() - start
+
+
+class TensorFlowKerasWorker(KerasWorker):
+    """keras_vit or keras_hub on TensorFlow; with `logical_cpus` > 1, under a MirroredStrategy.
+
+    Threads: TensorFlow's intra- and inter-op pools. Inference: `tf.function` (`jit_compile=jit`)
+    of `model(x, training=False)` on a `tf.constant` batch; training: the compiled
+    `model.train_function` (what `fit` runs per step) on an endless tf.data stream of the batch;
+    also the matmul and input-pipeline cases.
+    """
+
+    def import_backend(self, threads: int, logical_cpus: int) -> None:
+        import tensorflow as tf
+
+        if logical_cpus > 1:  # must precede every TensorFlow op
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * logical_cpus
+            )
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        self.tf = tf
+        self.strategy = (
+            tf.distribute.MirroredStrategy([f"/cpu:{index}" for index in range(logical_cpus)])
+            if logical_cpus > 1
+            else None
+        )
+
+    def versions(self) -> dict:
+        return {"tensorflow": self.tf.__version__, **super().versions()}
+
+    def runner(self, case: Case, jit: bool) -> tuple[Runner, int | None]:
+        """The case's timed runner and the model's parameter count (None without a model)."""
         tf = self.tf
         if case.kind == "matmul":
             dtype = tf.bfloat16 if case.precision == "bfloat16" else tf.float32
@@ -183,24 +331,22 @@ class KerasBackend:
             return self._pipeline_runner(case), None
         images, labels = random_batch(case.batch)
         if case.kind == "infer":
-            model = self._cached_model(case)
-            forward = tf.function(lambda x: model(x, training=False), jit_compile=jit)
-            inputs = tf.constant(images)
-            return timed(lambda: forward(inputs).numpy()), model.count_params()
+            return self._infer_runner(case, jit, images)
         if case.kind == "train":
             return self._train_runner(case, jit, images, labels)
         raise ValueError(f"{self.framework} worker cannot run {case.kind!r} cases with `setup`.")
 
+    def _infer_runner(self, case: Case, jit: bool, images) -> tuple[Runner, int]:
+        model = self._cached_model(case)
+        forward = self.tf.function(lambda x: model(x, training=False), jit_compile=jit)
+        inputs = self.tf.constant(images)
+        return timed(lambda: forward(inputs).numpy()), model.count_params()
+
     def _train_runner(self, case: Case, jit: bool, images, labels) -> tuple[Runner, int]:
-        tf, keras = self.tf, self.keras
+        tf = self.tf
         scope = self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
         with scope:
-            model = self.build(case.arch, case.precision)
-            model.compile(
-                optimizer=keras.optimizers.AdamW(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                jit_compile=jit,
-            )
+            model = self.compiled_for_training(case, jit)
             # Eagerly: inside the first trace each optimizer variable costs ~0.1 s to create.
             model.optimizer.build(model.trainable_variables)
         dataset = (
@@ -238,18 +384,11 @@ class KerasBackend:
 
         return run
 
-    def first_call(self, case: Case) -> float:
-        images, _ = random_batch(case.batch)
-        start = time.perf_counter()
-        model = self.build(case.arch, case.precision)
-        model.predict(images, verbose=0)
-        return time.perf_counter() - start
 
-
-class TorchBackend:
+class TimmWorker:
     """timm (PyTorch eager) models and torch matmuls."""
 
-    def __init__(self, framework: str, threads: int, logical_cpus: int):
+    def __init__(self, framework: str, threads: int, logical_cpus: int, backend: str = "torch"):
         import timm
         import torch
 
@@ -349,10 +488,19 @@ def write_jpeg_folder(folder: str, count: int) -> None:
         image.save(os.path.join(class_folder, f"{index:03d}.jpg"), quality=90)
 
 
-BACKENDS = {"keras_vit": KerasBackend, "keras_hub": KerasBackend, "timm": TorchBackend}
+FRAMEWORKS = ("keras_hub", "keras_vit", "timm")
+KERAS_BACKENDS = ("tensorflow", "jax", "torch")
 
 
-def serve(backend, replies) -> None:
+def start_worker(framework: str, threads: int, logical_cpus: int, backend: str):
+    """The worker object of `framework` (on Keras `backend`): imports its libraries."""
+    if framework == "timm":
+        return TimmWorker(framework, threads, logical_cpus)
+    worker = TensorFlowKerasWorker if backend == "tensorflow" else KerasWorker
+    return worker(framework, threads, logical_cpus, backend)
+
+
+def serve(worker, replies) -> None:
     """Answer requests from stdin until `quit` or end of input."""
     # Cases doing the same work (e.g. single-device training, also the baseline of the mirrored
     # case) share one runner, keyed by what it runs.
@@ -370,7 +518,7 @@ def serve(backend, replies) -> None:
                 if key in prepared:
                     reply = dict(prepared[key], call_s=prepared[key]["runner"](1))
                 else:
-                    runner, params = backend.runner(case, key[-1])
+                    runner, params = worker.runner(case, key[-1])
                     first_s = runner(1)  # tracing, XLA compilation
                     call_s = runner(1)
                     for _ in range(request["warmup"] - 1):
@@ -387,7 +535,7 @@ def serve(backend, replies) -> None:
             elif op == "measure":
                 reply = {"seconds": prepared[key]["runner"](int(request["calls"]))}
             elif op == "first_call":
-                reply = {"seconds": backend.first_call(case)}
+                reply = {"seconds": worker.first_call(case)}
             else:
                 raise ValueError(f"Unknown request {op!r}.")
             reply["ok"] = True
@@ -401,7 +549,10 @@ def serve(backend, replies) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="A benchmark worker (started by benchmarks/run.py).")
-    parser.add_argument("--framework", choices=sorted(BACKENDS), required=True)
+    parser.add_argument("--framework", choices=FRAMEWORKS, required=True)
+    parser.add_argument(
+        "--backend", choices=KERAS_BACKENDS, default="tensorflow", help="Keras backend (Keras workers)"
+    )
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--logical-cpus", type=int, default=1)
     args = parser.parse_args()
@@ -410,16 +561,16 @@ def main() -> None:
     os.dup2(2, 1)  # library prints go to stderr
     start = time.perf_counter()
     try:
-        backend = BACKENDS[args.framework](args.framework, args.threads, args.logical_cpus)
+        worker = start_worker(args.framework, args.threads, args.logical_cpus, args.backend)
         hello = {"ok": True, "pid": os.getpid(), "import_s": time.perf_counter() - start}
-        hello["versions"] = backend.versions()
+        hello["versions"] = worker.versions()
     except Exception as error:
         traceback.print_exc()
         hello = {"ok": False, "error": f"{type(error).__name__}: {error}"[:500]}
     replies.write(json.dumps(hello) + "\n")
     replies.flush()
     if hello["ok"]:
-        serve(backend, replies)
+        serve(worker, replies)
 
 
 if __name__ == "__main__":

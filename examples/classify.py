@@ -42,9 +42,9 @@ def main(argv=None) -> int:
 
     spec = Preprocessing.for_model(model)  # the checkpoint's resize, crop and normalisation
     pixels = keras_vit.load_image(image, spec)
-    logits = model.predict(keras_vit.preprocess_input(pixels[None], spec), verbose=0)
+    probabilities = model.predict(keras_vit.preprocess_input(pixels[None], spec), verbose=0)  # softmax head
     print(f"{label} with {model.name}:")
-    for index, name, probability in keras_vit.decode_predictions(logits, args.top, model)[0]:
+    for index, name, probability in keras_vit.decode_predictions(probabilities, args.top, model)[0]:
         print(f"  {probability:7.2%}  {name} ({index})")
     return 0
 

@@ -54,8 +54,29 @@ def labelled_subset(source: data.Source, per_class: int, seed: int) -> data.Sour
     return data.from_arrays(images[picked], labels[picked], num_classes=10)
 
 
+class Progress(keras.callbacks.Callback):
+    """One line every `every` steps: what runs, the step, the loss and the time since the start."""
+
+    def __init__(self, what: str, total: int, every: int, started: float):
+        super().__init__()
+        self.what, self.total, self.every, self.started = what, total, every, started
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step % self.every == 0 or step == self.total:
+            loss = (logs or {}).get("loss")
+            shown = f", loss {float(loss):.3f}" if loss is not None else ""
+            elapsed = time.perf_counter() - self.started
+            print(f"  {self.what}: step {step}/{self.total}{shown} ({elapsed:.0f} s)", flush=True)
+
+
 def fine_tune(
-    model: keras.Model, subset: data.Source, test: data.Source, args: argparse.Namespace, seed: int
+    model: keras.Model,
+    subset: data.Source,
+    test: data.Source,
+    args: argparse.Namespace,
+    seed: int,
+    progress: keras.callbacks.Callback,
 ) -> float:
     """Fine-tune `model` on `subset` (same recipe for every start) and return its test accuracy."""
     if args.optimizer == "sgd":
@@ -77,7 +98,9 @@ def fine_tune(
         subset, image_size=size, batch_size=args.batch_size, seed=seed, steps_per_epoch=args.finetune_steps,
         crop_scale=(0.7, 1.0), flip=False,
     )  # fmt: skip
-    model.fit(stream, epochs=1, steps_per_epoch=args.finetune_steps, shuffle=False, verbose=0)
+    model.fit(
+        stream, epochs=1, steps_per_epoch=args.finetune_steps, shuffle=False, verbose=0, callbacks=[progress]
+    )
     # Plain resize as train_pipeline does it (one TF pass), the preprocessing the README's numbers used.
     spec = data.Preprocessing(size, crop_pct=None, interpolation="bilinear", resampler="tensorflow")
     held_out = data.eval_pipeline(test, spec, batch_size=256)
@@ -109,22 +132,36 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for seed in args.seeds:
+            print(f"seed {seed}: masked-patch pre-training, {args.pretrain_steps} steps", flush=True)
+            every = max(1, args.pretrain_steps // 10)
             result = pretrain.pretrain(
                 config, train, output_dir=os.path.join(scratch, f"mpp-{seed}"), image_size=args.image_size,
                 batch_size=args.pretrain_batch, steps=args.pretrain_steps, steps_per_epoch=100,
                 learning_rate=args.pretrain_lr, target=args.target, crop_scale=(0.7, 1.0), flip=False,
                 strategy="default", seed=seed, verbose=0,
+                callbacks=[Progress("pre-training", args.pretrain_steps, every, started)],
             )  # fmt: skip
             subset = labelled_subset(train, args.labels_per_class, seed)
+            finetune_every = max(1, args.finetune_steps // 2)
             keras.utils.set_random_seed(seed)
+            # Logits (classifier_activation=None): recipes.loss() is a cross-entropy from logits.
             pretrained = fine_tune(
-                pretrain.to_classifier(result.model, 10, pooling=args.pooling), subset, test, args, seed
-            )
+                pretrain.to_classifier(result.model, 10, pooling=args.pooling, classifier_activation=None),
+                subset, test, args, seed,
+                Progress("fine-tuning the pre-trained model", args.finetune_steps, finetune_every, started),
+            )  # fmt: skip
             keras.utils.set_random_seed(seed)
             scratch_model = build_vit(
-                config, image_size=args.image_size, num_classes=10, pooling=args.pooling
+                config,
+                image_size=args.image_size,
+                num_classes=10,
+                pooling=args.pooling,
+                classifier_activation=None,
             )
-            from_scratch = fine_tune(scratch_model, subset, test, args, seed)
+            from_scratch = fine_tune(
+                scratch_model, subset, test, args, seed,
+                Progress("fine-tuning from scratch", args.finetune_steps, finetune_every, started),
+            )  # fmt: skip
             rows.append(
                 {
                     "seed": seed,

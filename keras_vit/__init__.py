@@ -28,6 +28,7 @@ _EXPORTS = {
     "inspect_checkpoint": "converters",
     "load_checkpoint": "converters",
     "export_serving": "export",
+    "enable_lora": "lora",
     "ClassToken": "layers",
     "DropPath": "layers",
     "MultiHeadSelfAttention": "layers",

@@ -1,10 +1,19 @@
-"""`keras-vit`: the command line for the common jobs (models, weights, train, predict, inspect, export)."""
+"""`keras-vit`: the command line for the common jobs (models, weights, train, predict, inspect, export).
+
+The command line prints its own messages only: TensorFlow's C++ start-up lines are hidden
+(`TF_CPP_MIN_LOG_LEVEL=3` unless set, and the lines it prints before that setting applies are
+caught while TensorFlow is imported), Python-side TensorFlow and absl logging shows errors only,
+and a failure is one `keras-vit: error: ...` line. `keras-vit --debug COMMAND` shows everything,
+with tracebacks.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import tempfile
 
 from keras_vit import defaults
 
@@ -30,7 +39,7 @@ def _cmd_models(args) -> int:
     header = f"{'model':<12} {'D':>5} {'layers':>6} {'heads':>5} {'MLP':>5} {'px/token':>8} {'size':>5}"
     print(f"{header}  ResNet stages")
     for name, config in sorted(VARIANTS.items()):
-        stages = "" if config.resnet_stages is None else str(config.resnet_stages)
+        stages = {None: "", (): "root only"}.get(config.resnet_stages, str(config.resnet_stages))
         print(
             f"{name:<12} {config.hidden_size:>5} {config.depth:>6} {config.num_heads:>5} "
             f"{config.mlp_dim:>5} {config.stride:>8} {config.image_hw[0]:>5}  {stages}"
@@ -44,10 +53,12 @@ def _cmd_pretrained(args) -> int:
     if args.markdown:
         print(pretrained.catalog_markdown())
         return 0
+    default_tags = set(pretrained.default_tags().values())
     for tag in pretrained.list_pretrained(args.variant):
         entry = pretrained.get_entry(tag)
         classes = entry.num_classes or "no head"
-        print(f"{tag:<48} {entry.resolution:>4}px {classes!s:>7}  {entry.hub_repo}")
+        marker = "  (default)" if tag in default_tags else ""
+        print(f"{tag:<48} {entry.resolution:>4}px {classes!s:>7}  {entry.hub_repo}{marker}")
     return 0
 
 
@@ -67,12 +78,19 @@ def _cmd_predict(args) -> int:
     from keras_vit.preprocessing import Preprocessing
 
     model = keras_vit.create_model(args.model, args.weights)
+    if args.weights is False:
+        print(
+            f"keras-vit: warning: {model.name} has random weights (--weights false): its classes are "
+            "meaningless; pass --weights true, a tag or a checkpoint file for real predictions.",
+            file=sys.stderr,
+        )
     spec = Preprocessing.for_model(model)  # the checkpoint's, else the package default
     for path in args.images:
         image = keras_vit.load_image(path, spec)
-        logits = model.predict(keras_vit.preprocess_input(image[None], spec), verbose=0)
+        probabilities = model.predict(keras_vit.preprocess_input(image[None], spec), verbose=0)
         print(path)
-        for index, name, probability in keras_vit.decode_predictions(logits, args.top, model)[0]:
+        top = min(args.top or 5, probabilities.shape[-1])
+        for index, name, probability in keras_vit.decode_predictions(probabilities, top, model)[0]:
             print(f"  {probability:7.2%}  {index:>5}  {name}")
     return 0
 
@@ -132,7 +150,8 @@ def _predict_saved_model(args) -> int:
         except tf.errors.InvalidArgumentError as error:
             raise ValueError(f"{path}: {_serving_error(error.message)}") from None
         exported_k = outputs["top_k_indices"].shape[-1]
-        if args.top > exported_k:
+        top = args.top or min(5, exported_k)
+        if top > exported_k:
             raise ValueError(
                 f"--top {args.top} is more than the {exported_k} classes the SavedModel returns: "
                 f"export it again with --top-k {args.top}."
@@ -140,36 +159,41 @@ def _predict_saved_model(args) -> int:
         indices, scores = outputs["top_k_indices"][0].numpy(), outputs["top_k_scores"][0].numpy()
         names = outputs["top_k_classes"][0].numpy() if "top_k_classes" in outputs else [None] * exported_k
         print(path)
-        for index, name, score in list(zip(indices, names, scores, strict=True))[: args.top]:
+        for index, name, score in list(zip(indices, names, scores, strict=True))[:top]:
             print(f"  {score:7.2%}  {index:>5}  {name.decode() if name is not None else None}")
     return 0
 
 
 def _cmd_export(args) -> int:
-    import keras
-
     import keras_vit
 
+    labels_file = args.labels
     if args.model.endswith(".keras"):
         if args.weights is not None:
             raise ValueError("--weights applies to a variant; a .keras file already holds its weights.")
-        model = keras.models.load_model(args.model)
+        model = keras_vit.load_model(args.model)  # registers keras_vit's classes first
+        beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), defaults.LABELS_FILE)
+        if labels_file is None and os.path.isfile(beside):  # written by keras-vit train next to model.keras
+            labels_file = beside
     else:
         model = keras_vit.create_model(args.model, True if args.weights is None else args.weights)
     labels = None
-    if args.labels:
-        with open(args.labels, encoding="utf-8") as file:
-            labels = file.read().splitlines()
+    if labels_file:
+        from keras_vit.preprocessing import read_labels
+
+        labels = read_labels(labels_file)
+    top_k = args.top_k or min(5, int(model.output_shape[-1]))
     path = keras_vit.export_serving(
         model,
         args.export_dir,
         args.version,
-        top_k=args.top_k,
+        top_k=top_k,
         labels=labels,
         warmup=not args.no_warmup,
         overwrite=args.overwrite,
     )
-    print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {args.top_k})")
+    found = f"; class names from {labels_file}" if labels_file and not args.labels else ""
+    print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {top_k}{found})")
     return 0
 
 
@@ -423,12 +447,24 @@ def _add_pretraining_parser(commands) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="keras-vit", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="keras-vit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show TensorFlow's log lines and full tracebacks (before the command: keras-vit --debug train)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    commands.add_parser("models", help="list the model variants").set_defaults(run=_cmd_models)
+    models = commands.add_parser("models", help="list the model variants")
+    models.set_defaults(run=_cmd_models, uses_tensorflow=False)
 
-    listing = commands.add_parser("pretrained", help="list the published checkpoints")
+    listing = commands.add_parser(
+        "pretrained",
+        aliases=["weights"],
+        help="list the published checkpoints (each variant's default marked)",
+    )
     listing.add_argument("variant", nargs="?", help="only this variant, e.g. vit_b16")
     listing.add_argument("--markdown", action="store_true", help="print the catalog as a markdown table")
     listing.set_defaults(run=_cmd_pretrained)
@@ -442,7 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("images", nargs="+", help="image files (JPEG, PNG, ...)")
     predict.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
     predict.add_argument("--weights", type=_pretrained_arg, default=True, help=weights_help)
-    predict.add_argument("--top", type=int, default=5)
+    predict.add_argument(
+        "--top", type=int, default=None, help="classes to show (default: 5, or all if fewer)"
+    )
     predict.add_argument(
         "--saved-model",
         metavar="DIR",
@@ -485,8 +523,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights", type=_pretrained_arg, default=None, help=weights_help + " (default: true)"
     )
     export.add_argument("--version", type=int, default=1, help="the version directory (default: 1)")
-    export.add_argument("--top-k", type=int, default=5, help="classes in the top_k_* outputs (default: 5)")
-    export.add_argument("--labels", help="a text file of class names, one per line in head order")
+    export.add_argument(
+        "--top-k", type=int, default=None, help="classes in the top_k_* outputs (default: 5, or all if fewer)"
+    )
+    export.add_argument(
+        "--labels",
+        help="a text file of class names, one per line in head order (any model; default: the catalog's "
+        f"names, or the {defaults.LABELS_FILE} next to a .keras model, which keras-vit train writes)",
+    )
     export.add_argument("--no-warmup", action="store_true", help="no TF Serving warm-up requests")
     export.add_argument("--overwrite", action="store_true", help="replace an existing version")
     export.set_defaults(run=_cmd_export)
@@ -497,13 +541,73 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_logging() -> None:
+    """TensorFlow's C++ logs hidden (unless the user set their level); Python-side logs at errors only."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    for name in ("tensorflow", "absl", "h5py"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        from absl import logging as absl_logging  # TensorFlow's (and tensorflow-datasets') Python logging
+    except ImportError:
+        return
+    absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+def _import_tensorflow_quietly() -> None:
+    """Import TensorFlow with the C++ lines it prints while loading sent nowhere.
+
+    TensorFlow's shared libraries log a few lines (oneDNN, "Could not find cuda drivers", ...)
+    before `TF_CPP_MIN_LOG_LEVEL` applies, straight to file descriptor 2: they are caught in a
+    temporary file and shown only if the import fails.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no usable descriptor 2: nothing to hide
+        import tensorflow  # noqa: F401
+
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            os.dup2(saved, 2)
+            caught.seek(0)
+            sys.stderr.write(caught.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _tensorflow_error(error: BaseException) -> str | None:
+    """A TensorFlow op error (e.g. an unreadable image met by the input pipeline) as one line, or None."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(error, tf.errors.OpError):
+        return None
+    return f"TensorFlow: {_serving_error(error.message)} (keras-vit --debug shows the full error)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    if not args.debug:
+        _quiet_logging()
+        if getattr(args, "uses_tensorflow", True):
+            _import_tensorflow_quietly()
     try:
         return args.run(args)
-    except (ValueError, OSError) as error:  # our errors say what to do; no traceback needed
-        print(f"keras-vit: error: {error}", file=sys.stderr)
+    except Exception as error:
+        if args.debug:
+            raise
+        message = _tensorflow_error(error)
+        if message is None and isinstance(error, (ValueError, OSError, ImportError)):
+            message = str(error)  # our errors say what to do; no traceback needed
+        if message is None:
+            raise
+        print(f"keras-vit: error: {message}", file=sys.stderr)
         return 1
 
 

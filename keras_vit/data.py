@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.environment import install_hint
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.pretrained import model_entry
 from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
@@ -46,6 +47,7 @@ __all__ = [
     "from_arrays",
     "from_directory",
     "from_tfds",
+    "is_folder_name",
     "load_digits",
     "normalisation_for",
     "train_pipeline",
@@ -199,6 +201,20 @@ def from_directory(path: str | os.PathLike) -> Source:
     return Source(len(paths), len(class_names), tuple(class_names), ShardPolicy.DATA, lookup=lookup)
 
 
+def is_folder_name(dataset: str | os.PathLike) -> bool:
+    """Whether a `dataset` argument names a folder rather than a tensorflow-datasets name.
+
+    A path object is a folder; a string is one if it exists or looks like a path (starts with
+    `.`, `/` or `~`, or the platform's separator). Anything else goes to tensorflow-datasets,
+    including names with a config or a version: `imagenette/320px`, `mnist:3.0.1`,
+    `imagenette/320px:1.0.0`. (A folder named like a tfds dataset is read as a folder when
+    it exists: write `./imagenette` to be explicit.)
+    """
+    if not isinstance(dataset, str):
+        return isinstance(dataset, os.PathLike)
+    return os.path.exists(os.path.expanduser(dataset)) or dataset.startswith((".", "/", "~", os.sep))
+
+
 def from_tfds(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Source:
     """A source over a PREPARED tensorflow-datasets image classification split.
 
@@ -217,12 +233,13 @@ def from_tfds(name: str, split: str = "train", data_dir: str | os.PathLike | Non
             f"tensorflow-datasets has no dataset {name!r}: {str(error).splitlines()[0]}"
         ) from None
     if not builder.is_prepared():
-        where = f"data_dir={os.fspath(data_dir)!r}" if data_dir is not None else "tfds's default data_dir"
+        where = f"data_dir {os.fspath(data_dir)!r}" if data_dir is not None else "tfds's default data_dir"
         raise DataNotPreparedError(
             f"tensorflow-datasets {name!r} is not prepared in {where} (looked for {builder.data_dir}) and "
             f"keras_vit does not download it. On a machine with network run `tfds build {name} "
-            f"--data_dir=DIR` (or tfds.builder({name!r}, data_dir=DIR).download_and_prepare()), "
-            "copy DIR here if needed, and pass data_dir=DIR."
+            f"--data_dir=DIR` (or tfds.builder({name!r}, data_dir=DIR).download_and_prepare()), copy DIR "
+            "here if needed, and point keras_vit at it: `--data-dir DIR` on the command line, "
+            "data_dir=DIR in Python."
         )
     if builder.info.supervised_keys is None or len(builder.info.supervised_keys) != 2:
         raise ValueError(
@@ -269,7 +286,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Sour
         from sklearn.datasets import load_digits as sklearn_digits
     except ImportError:
         raise ImportError(
-            'load_digits needs scikit-learn: pip install "keras-vit-zoo[train]" (or scikit-learn).'
+            f"load_digits needs scikit-learn: {install_hint('train')} (or pip install scikit-learn)."
         ) from None
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")

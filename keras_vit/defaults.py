@@ -36,6 +36,9 @@ BATCH_SIZE = 64
 WEIGHT_DECAY = 0.05
 LABEL_SMOOTHING = 0.1
 TRAIN_OUTPUT_DIR = "vit_run"
+# The class names of a trained classifier, one per line in head order, written next to model.keras
+# (and read by `keras-vit export --model RUN/model.keras`).
+LABELS_FILE = "labels.txt"
 
 # keras_vit.pretrain.pretrain / `keras-vit pretrain` (masked patch prediction, paper App. B.1.2).
 PRETRAIN_EPOCHS = 50

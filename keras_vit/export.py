@@ -39,6 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.environment import install_hint, require_tensorflow_backend
 from keras_vit.preprocessing import LABEL_SETS, Preprocessing, imagenet1k_labels
 from keras_vit.pretrained import model_entry
 from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
@@ -138,8 +139,8 @@ def _serving_module():
         from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
     except ImportError as error:
         raise ModuleNotFoundError(
-            "Writing TF Serving warm-up requests needs tensorflow-serving-api: "
-            "pip install 'keras-vit-zoo[export]', or pass warmup=False (--no-warmup)."
+            f"Writing TF Serving warm-up requests needs tensorflow-serving-api: {install_hint('export')}, "
+            "or pass warmup=False (--no-warmup)."
         ) from error
     return model_pb2, predict_pb2, prediction_log_pb2
 
@@ -208,7 +209,8 @@ def export_serving(
         export_dir: TF Serving's model base path; versions are its numbered subdirectories.
         version: the version number (directory name).
         top_k: how many best classes the `top_k_*` outputs hold.
-        labels: class names in head order; default: the checkpoint's (ImageNet-1k names for a
+        labels: class names in head order, for any model (`keras_vit.preprocessing.read_labels`
+            reads them from a file); default: the checkpoint's (ImageNet-1k names for a
             1000-class model from a catalog tag), else no `top_k_classes` output.
         mean, std, crop_pct, interpolation: preprocessing overrides (`image_preprocessing`).
         spec: the `keras_vit.preprocessing.Preprocessing` to run in the graph, default the
@@ -221,6 +223,7 @@ def export_serving(
     is written next to its final place and renamed into it, so a TF Serving instance
     watching `export_dir` never loads a half-written version.
     """
+    require_tensorflow_backend("SavedModel export (keras_vit.export_serving)")
     export_dir = os.fspath(export_dir)
     target = _check_version_dir(export_dir, version, overwrite)
     output_shape = model.output_shape

@@ -115,7 +115,9 @@ class StdConv2D(keras.layers.Layer):
         return centred / (ops.sqrt(variance) + self.epsilon)
 
     def call(self, inputs):
-        kernel = ops.cast(self.standardized_kernel(), inputs.dtype)
+        # `autocast=False` also leaves the inputs as they come: compute in the compute dtype.
+        inputs = ops.cast(inputs, self.compute_dtype)
+        kernel = ops.cast(self.standardized_kernel(), self.compute_dtype)
         return ops.conv(inputs, kernel, strides=self.strides, padding="same")
 
     def compute_output_shape(self, input_shape):

@@ -9,6 +9,11 @@ the config (`get_config` holds the constructor's arguments, as keras_hub's backb
 
 Factories: `create_model(name, ...)` over the registry `keras_vit.variants.VARIANTS`, and one
 generated function per registry row (`vit_b16`, `vit_r50_b16`, `vit_digits`, ...).
+
+Outputs: as keras.applications, the factories and `build_vit` default to
+`classifier_activation="softmax"` (probabilities, what `loss="sparse_categorical_crossentropy"`
+expects); pass `classifier_activation=None` for logits (timm's and keras_hub's output), as the
+training driver does for its from-logits loss. The low-level `ViT` constructor defaults to logits.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from keras_vit.variants import VARIANTS, ViTConfig, get_config, list_models
 __all__ = ["ViT", "build_vit", "classification_head", "create_model", "list_models", *VARIANTS]
 
 _PACKAGE = "keras_vit"
+# The head's activation when the factories and `build_vit` are not told (keras.applications' default).
+DEFAULT_CLASSIFIER_ACTIVATION = "softmax"
 # The model's own keyword arguments; every other keyword of `build_vit` / `create_model` that
 # names a `ViTConfig` field (image_size, pooling, class_token, stem_numerics, ...) changes the config.
 _MODEL_ARGUMENTS = (
@@ -83,7 +90,8 @@ class ViT(keras.Model):
             Dense+tanh layer; `None` for none.
         dropout, attention_dropout, drop_path_rate: regularisation; stochastic depth grows
             linearly from 0 to `drop_path_rate` over the blocks.
-        classifier_activation: activation of the head, e.g. `"softmax"`; `None` gives logits.
+        classifier_activation: activation of the head, e.g. `"softmax"`; `None` (this low-level
+            constructor's default) gives logits. The factories default to `"softmax"`.
         channels: input channels (3 for RGB).
         pretrained_tag: the catalog tag of the weights, set by the loaders (for preprocessing
             and labels); kept by `.keras` saving.
@@ -245,28 +253,19 @@ class ViT(keras.Model):
         copy_weights(self, model, skip=() if copy_head else ("head",))
         return model
 
-    def with_head(
-        self,
-        num_classes: int,
-        *,
-        pooling: str | None = None,
-        classifier_activation: str | None = None,
-        **changes,
-    ) -> ViT:
+    def with_head(self, num_classes: int, *, pooling: str | None = None, **changes) -> ViT:
         """A classifier copy with a new zero-initialised `num_classes` head (paper §3.2), for fine-tuning.
 
         `pooling` defaults to the model's, or `"token"` (`"gap"` without a [class] token) for a
-        token-sequence model. Other `changes` as `rebuild` (e.g. `dropout`, `drop_path_rate`).
+        token-sequence model. `classifier_activation` defaults to the model's own (`"softmax"`
+        for a factory-built model): pass `classifier_activation=None` for logits, e.g. to train
+        with a from-logits loss such as `keras_vit.recipes.loss()`. Other `changes` as
+        `rebuild` (e.g. `dropout`, `drop_path_rate`).
         """
         if pooling is None:
             pooling = self.config.pooling or ("token" if self.config.class_token else "gap")
         return self.rebuild(
-            copy_head=False,
-            include_top=True,
-            num_classes=num_classes,
-            pooling=pooling,
-            classifier_activation=classifier_activation,
-            **changes,
+            copy_head=False, include_top=True, num_classes=num_classes, pooling=pooling, **changes
         )
 
     def without_head(self, **changes) -> ViT:
@@ -324,9 +323,11 @@ def _split_arguments(config: ViTConfig, kwargs: dict) -> tuple[ViTConfig, dict]:
 def build_vit(config: ViTConfig, **kwargs) -> ViT:
     """A `ViT` from a config; keywords are `ViT` arguments or `ViTConfig` fields to change.
 
-    E.g. `build_vit(config, image_size=384, pooling="gap", num_classes=10)`.
+    E.g. `build_vit(config, image_size=384, pooling="gap", num_classes=10)`. The head gives
+    probabilities (`classifier_activation="softmax"`) unless `classifier_activation=None` (logits).
     """
     config, arguments = _split_arguments(config, dict(kwargs))
+    arguments.setdefault("classifier_activation", DEFAULT_CLASSIFIER_ACTIVATION)
     return ViT(config, **arguments)
 
 
@@ -367,13 +368,15 @@ def create_model(
         **kwargs: `ViT` arguments (`dropout`, `attention_dropout`, `drop_path_rate`,
             `classifier_activation`, `channels`) and `ViTConfig` fields to change: `pooling`
             (`"token"`, the paper's default; `"gap"`; `None` for the token sequence),
-            `class_token`, `stem_numerics`.
+            `class_token`, `stem_numerics`. `classifier_activation` defaults to `"softmax"`, as
+            in keras.applications: the model outputs probabilities; `None` gives logits.
 
     Inputs are images `(batch, height, width, channels)` already normalised as the weights
     expect: for all Google-trained checkpoints that is [-1, 1] (`keras_vit.preprocess_input`).
     """
     config = variant if isinstance(variant, ViTConfig) else get_config(variant)
     config, arguments = _split_arguments(config, dict(kwargs))
+    arguments.setdefault("classifier_activation", DEFAULT_CLASSIFIER_ACTIVATION)
     checkpoint = None
     if pretrained is not False and pretrained is not None:
         from keras_vit.pretrained import resolve_pretrained

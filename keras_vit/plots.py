@@ -1,6 +1,6 @@
 """Pictures of `keras_vit.inspect`'s results, as in the paper's Figures 6 and 7, written to PNG.
 
-Needs matplotlib (the `plots` extra: `pip install keras-vit-zoo[plots]`), imported only when a
+Needs matplotlib (the `plots` extra: `pip install -e ".[plots]"` in a checkout), imported only when a
 plot is drawn. Figures are drawn on matplotlib's Agg canvas directly (no `pyplot`, no global
 backend switch, no open windows), so plotting works headless and from threads. Each `plot_*`
 function returns the `matplotlib.figure.Figure` and, given `path`, also writes it as a PNG.
@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 from keras_vit import inspect as vit_inspect
+from keras_vit.environment import install_hint
 
 __all__ = [
     "DEFAULT_DPI",
@@ -44,7 +45,7 @@ def _figure(width: float, height: float):
         from matplotlib.figure import Figure
     except ImportError:
         raise ImportError(
-            "keras_vit.plots needs matplotlib: pip install 'keras-vit-zoo[plots]' (or matplotlib)."
+            f"keras_vit.plots needs matplotlib: {install_hint('plots')} (or pip install matplotlib)."
         ) from None
     figure = Figure(figsize=(width, height), dpi=DEFAULT_DPI, layout="constrained")
     FigureCanvasAgg(figure)

@@ -54,6 +54,8 @@ __all__ = [
     "normalize",
     "resized_size",
     "preprocess_input",
+    "read_labels",
+    "write_labels",
 ]
 
 GOOGLE_MEAN = (0.5, 0.5, 0.5)
@@ -365,6 +367,26 @@ def preprocess_input(images, tag_or_model=None) -> np.ndarray:
     return normalize(images, mean, std)
 
 
+def read_labels(path) -> list[str]:
+    """Class names from a text file, one per line in head order (blank lines at the end ignored)."""
+    with open(path, encoding="utf-8") as file:
+        names = file.read().splitlines()
+    while names and not names[-1].strip():
+        names.pop()
+    if not names:
+        raise ValueError(f"{path} holds no class names: write one per line, in the order of the head.")
+    return names
+
+
+def write_labels(path, names: Sequence[str]) -> None:
+    """Write class names one per line (the format `read_labels` and `keras-vit export --labels` read)."""
+    names = [str(name) for name in names]
+    if any("\n" in name or "\r" in name for name in names):
+        raise ValueError("Class names must not contain line breaks.")
+    with open(path, "w", encoding="utf-8") as file:
+        file.write("".join(f"{name}\n" for name in names))
+
+
 @functools.lru_cache(maxsize=1)
 def imagenet1k_labels() -> tuple[str, ...]:
     """The 1000 ImageNet-1k class names in index order."""
@@ -372,9 +394,13 @@ def imagenet1k_labels() -> tuple[str, ...]:
     return tuple(text.splitlines())
 
 
-def _as_probabilities(preds: np.ndarray) -> np.ndarray:
-    """Rows that already are probability distributions are kept; logits get a softmax."""
-    if np.all(preds >= 0) and np.allclose(preds.sum(axis=-1), 1.0, atol=1e-3):
+def _as_probabilities(preds: np.ndarray, model=None) -> np.ndarray:
+    """Probabilities: a model's softmax output kept, its logits softmaxed; without a model, rows
+    that already are probability distributions are kept and anything else gets a softmax."""
+    activation = getattr(model, "classifier_activation", "unknown")
+    if activation in ("softmax", "sigmoid") or (
+        activation == "unknown" and np.all(preds >= 0) and np.allclose(preds.sum(axis=-1), 1.0, atol=1e-3)
+    ):
         return preds
     shifted = np.exp(preds - preds.max(axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
@@ -383,7 +409,9 @@ def _as_probabilities(preds: np.ndarray) -> np.ndarray:
 def decode_predictions(preds, top: int = 5, tag_or_model=None) -> list[list[tuple[int, str | None, float]]]:
     """The `top` classes of each prediction as `(class_index, class_name, probability)`, best first.
 
-    `preds`: `(batch, classes)` logits or probabilities (logits get a softmax). The label set
+    `preds`: `(batch, classes)` probabilities (the factories' softmax head) or logits
+    (`classifier_activation=None`), which get a softmax; with a keras_vit model as
+    `tag_or_model` its head's activation says which, else the values do. The label set
     comes from the checkpoint (`tag_or_model` as in `preprocess_input`), or from the width of
     `preds` when that is `None`: 1000 = ImageNet-1k, 21843 = ImageNet-21k, whose names are not
     shipped (names are `None`, a warning says so).
@@ -421,7 +449,7 @@ def decode_predictions(preds, top: int = 5, tag_or_model=None) -> list[list[tupl
             f"{label_set} class names are not shipped with keras_vit: class names are None.", stacklevel=2
         )
         names = (None,) * width
-    probabilities = _as_probabilities(preds)
+    probabilities = _as_probabilities(preds, tag_or_model if hasattr(tag_or_model, "layers") else None)
     best = np.argsort(-probabilities, axis=-1, kind="stable")[:, :top]
     return [
         [(int(index), names[index], float(row[index])) for index in indices]

@@ -20,8 +20,11 @@ per published checkpoint (`CatalogEntry`) and one default tag per variant.
   so every row has `null` (no hash is made up). A row with a hash is verified after download.
 
 Downloads go through `huggingface_hub.hf_hub_download`: its cache (`HF_HUB_CACHE`), its
-progress bar, and `HF_HUB_OFFLINE=1` to use only what is cached. A failure raises
-`WeightsUnavailableError` naming the repo and file and how to load a local file instead. A
+progress bar, and `HF_HUB_OFFLINE=1` to use only what is cached. A file not in the cache is
+first checked for a network: a TCP connection to the hub's host (or the proxy) must open within
+`HUB_PROBE_SECONDS`, else the error comes at once instead of after huggingface_hub's ~25 s of
+retries. A failure raises `WeightsUnavailableError` naming the repo and file, the cache, and how
+to load a local file instead (command line and Python). A
 cached file that turns out corrupt (truncated, wrong sha256) is deleted before the error is
 raised, so the next run downloads it again instead of trusting it.
 
@@ -41,13 +44,17 @@ import hashlib
 import json
 import os
 import re
+import socket
+import threading
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from importlib import resources
 
 import keras
 import numpy as np
 from huggingface_hub import constants as hub_constants
-from huggingface_hub import hf_hub_download
+from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
 from keras_vit.converters import (
     CheckpointError,
@@ -64,7 +71,9 @@ __all__ = [
     "WeightsIntegrityError",
     "WeightsUnavailableError",
     "catalog_markdown",
+    "checkpoint_record",
     "default_tag",
+    "default_tags",
     "download_checkpoint",
     "get_entry",
     "list_pretrained",
@@ -76,14 +85,58 @@ __all__ = [
 DEFAULT_FILENAME = "model.safetensors"
 _CHECKPOINT_SUFFIXES = (".safetensors", ".npz", ".bin", ".pt", ".pth")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# How long a TCP connection to the hub may take before the machine counts as offline.
+HUB_PROBE_SECONDS = 1.5
 
 
-def _local_hint(variant: str | None) -> str:
+def _local_hint(variant: str | None, cache_dir: str | os.PathLike | None = None) -> str:
+    """How to do without the download: a local copy (command line and Python), the cache, offline mode."""
     build = f"keras_vit.{variant}(" if variant else "keras_vit.create_model('<variant>', "
+    cache = os.fspath(cache_dir) if cache_dir is not None else hub_constants.HF_HUB_CACHE
     return (
-        f"to use a checkpoint file you already have, pass its path: {build}pretrained="
-        "'/path/to/model.safetensors') or keras_vit.load_weights(model, '/path/to/model.safetensors')."
+        "To use a checkpoint file you already have, pass its path: on the command line "
+        "`--weights /path/to/model.safetensors` (`--pretrained /path/to/model.safetensors` for "
+        f"train/finetune), in Python {build}pretrained='/path/to/model.safetensors') or "
+        "keras_vit.load_weights(model, '/path/to/model.safetensors'). Downloaded files are cached in "
+        f"{cache} (HF_HUB_CACHE) and used from there without network; set HF_HUB_OFFLINE=1 to use "
+        "only cached files and never wait for the network."
     )
+
+
+def _probe_target(endpoint: str | None) -> tuple[str, int, str]:
+    """`(host, port, what)`: where a download from `endpoint` connects first (the proxy, if one is set)."""
+    url = urllib.parse.urlsplit(endpoint or hub_constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(url.scheme) or urllib.request.getproxies().get("all")
+    if proxy and not urllib.request.proxy_bypass(host):
+        proxy_url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        return proxy_url.hostname or "", proxy_url.port or 80, f"the proxy {proxy_url.hostname}"
+    return host, port, host
+
+
+def _hub_unreachable(endpoint: str | None, timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """`None` if a TCP connection to the hub (or its proxy) opens within `timeout` s, else why not.
+
+    Name resolution has no timeout of its own, so the attempt runs in a daemon thread that is
+    waited for at most `timeout` seconds.
+    """
+    host, port, what = _probe_target(endpoint)
+    outcome: dict[str, str] = {}
+
+    def connect():
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                outcome["ok"] = ""
+        except OSError as error:
+            outcome["error"] = f"{type(error).__name__}: {error}"
+
+    thread = threading.Thread(target=connect, name="keras_vit-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if "ok" in outcome:
+        return None
+    reason = outcome.get("error", f"no answer within {timeout:g} s")
+    return f"no network connection to {what} (port {port}: {reason})"
 
 
 class WeightsUnavailableError(OSError):
@@ -147,6 +200,11 @@ def default_tag(variant: str) -> str:
     if variant not in defaults:
         raise ValueError(f"{variant} has no published checkpoint: build it with pretrained=False.")
     return f"{variant}.{defaults[variant]}"
+
+
+def default_tags() -> dict[str, str]:
+    """`{variant: full tag}` of every variant's default checkpoint (what `pretrained=True` loads)."""
+    return {variant: f"{variant}.{tag}" for variant, tag in _catalog()[1].items()}
 
 
 def get_entry(tag: str, variant: str | None = None) -> CatalogEntry:
@@ -223,14 +281,23 @@ def _hub_download(
     endpoint: str | None = None,
     note: str = "",
 ) -> str:
+    where = f"{note}Could not get {filename!r} from the Hugging Face Hub repo {repo!r} for {label}"
+    if not hub_constants.HF_HUB_OFFLINE and not isinstance(
+        try_to_load_from_cache(repo, filename, cache_dir=cache_dir), str
+    ):  # not cached: fail at once without a network, instead of after ~25 s of retries
+        unreachable = _hub_unreachable(endpoint)
+        if unreachable is not None:
+            raise WeightsUnavailableError(
+                f"{where}: {unreachable}. Check the network. {_local_hint(variant, cache_dir)}"
+            )
     try:
         path = hf_hub_download(repo, filename, cache_dir=cache_dir, endpoint=endpoint)
     except Exception as error:  # the transport's errors differ between huggingface_hub versions
-        offline = " (HF_HUB_OFFLINE is set: only cached files count)" if hub_constants.HF_HUB_OFFLINE else ""
-        raise WeightsUnavailableError(
-            f"{note}Could not get {filename!r} from the Hugging Face Hub repo {repo!r} for {label}{offline}: "
-            f"{type(error).__name__}: {error}. Check the network, or {_local_hint(variant)}"
-        ) from error
+        if hub_constants.HF_HUB_OFFLINE:
+            reason = "HF_HUB_OFFLINE is set, so only cached files count, and this one is not in the cache"
+        else:
+            reason = f"{type(error).__name__}: {' '.join(str(error).split()).rstrip('.')}. Check the network"
+        raise WeightsUnavailableError(f"{where}: {reason}. {_local_hint(variant, cache_dir)}") from error
     if sha256 and _sha256(path) != sha256.lower():
         _remove_cached(path)
         raise WeightsIntegrityError(
@@ -452,6 +519,39 @@ def _variant_of(model: keras.Model, architecture: dict[str, int]) -> str | None:
         return model.config.name
     matches = [name for name, config in VARIANTS.items() if _architecture(config) == architecture]
     return matches[0] if len(matches) == 1 else None
+
+
+def checkpoint_record(source, model: keras.Model | None = None) -> dict | None:
+    """Where a `pretrained=` value's weights came from, for run reports; `None` for no checkpoint.
+
+    `{"source": the value as given}`, with the catalog `tag`, `hub_repo` and `filename` when the
+    weights came from the hub (`model.pretrained_tag` names the tag), and the local `file`, its
+    `bytes` and `sha256` when there is one (a local path, or the hub-cache copy).
+    """
+    if source is False or source is None:
+        return None
+    if isinstance(source, keras.Model):
+        return {"source": f"model {source.name!r} (in memory)"}
+    record = {"source": source if source is True else os.fspath(source)}
+    path = None if source is True else os.path.expanduser(os.fspath(source))
+    if path is None or not os.path.isfile(path):
+        path = None
+        tag = getattr(model, "pretrained_tag", None)
+        entry = _catalog()[0].get(tag) if tag else None
+        if entry is not None:
+            repo, filename = entry.hub_repo, entry.filename
+            record["tag"] = entry.tag
+        elif isinstance(source, str) and _REPO_ID.fullmatch(source):
+            repo, filename = source, DEFAULT_FILENAME
+        else:
+            repo = filename = None
+        if repo is not None:
+            record.update(hub_repo=repo, filename=filename)
+            cached = try_to_load_from_cache(repo, filename)
+            path = cached if isinstance(cached, str) else None
+    if path is not None:
+        record.update(file=os.path.abspath(path), bytes=os.path.getsize(path), sha256=_sha256(path))
+    return record
 
 
 def load_weights(model: keras.Model, source, *, cache_dir: str | os.PathLike | None = None) -> None:

@@ -5,10 +5,18 @@ the complete training state written atomically after each epoch), argument diges
 reports, TensorBoard logs and the data augmentation defaults, and `fit_task`: the one training
 driver that runs any `Task` (classification in `keras_vit.training`, masked patch prediction
 in `keras_vit.pretrain`) with the same features.
+
+`report.json` records what the run really used, not only what was typed: `arguments` (as given,
+`None` where a default applied; the exact-resume check compares these) and, resolved, the model
+(`model`, `model_config`), the task's `recipe`, `checkpoint` (source, file, sha256),
+`hyperparameters` (every value as used, and the optimizer's own configuration), `data` sizes,
+the strategy and its replicas, `versions` and `machine` (CPU model, GPUs), wall times and the
+final metrics.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
@@ -23,9 +31,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import data
-from keras_vit.defaults import JIT_CHOICES, PRECISIONS, WARMUP_FRACTION
+from keras_vit import data, environment
+from keras_vit.defaults import JIT_CHOICES, LABELS_FILE, PRECISIONS, WARMUP_FRACTION
 from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
+from keras_vit.preprocessing import write_labels
 
 __all__ = [
     "MAX_STEPS_PER_EPOCH",
@@ -35,9 +44,12 @@ __all__ = [
     "fit_task",
     "augmentation",
     "describe",
+    "json_safe",
+    "optimizer_summary",
     "plan_steps",
     "remove_backup",
     "start_run",
+    "strategy_name",
     "tensorboard_callbacks",
     "verbosity",
     "warmup_steps",
@@ -197,6 +209,37 @@ def describe(value):
     return repr(value)
 
 
+def json_safe(value):
+    """`value` with everything JSON cannot hold as its repr (for configs in reports)."""
+    return json.loads(json.dumps(value, default=repr))
+
+
+def optimizer_summary(optimizer: keras.optimizers.Optimizer) -> dict:
+    """The optimizer's class and configuration as used: schedule, weight decay, clipping, momenta."""
+    return {"class": type(optimizer).__name__, **json_safe(optimizer.get_config())}
+
+
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """The public name of a strategy's class (the default strategy's class is private)."""
+    name = type(strategy).__name__
+    if name == "_DefaultDistributionStrategy":
+        return "default (no distribution: tf.distribute.get_strategy())"
+    return name
+
+
+def _devices(strategy: tf.distribute.Strategy) -> list[str]:
+    """The devices the replicas run on (the default strategy: TensorFlow's default placement)."""
+    try:
+        return [str(device) for device in strategy.extended.worker_devices]
+    except RuntimeError:  # the default strategy has no device list: the first GPU, else the CPU
+        logical = tf.config.list_logical_devices("GPU")[:1] or tf.config.list_logical_devices("CPU")[:1]
+        return [device.name for device in logical]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def start_run(
     strategy: str | tf.distribute.Strategy, precision: str, batch_size: int, seed: int
 ) -> tf.distribute.Strategy:
@@ -233,7 +276,7 @@ def tensorboard_callbacks(log_dir: str) -> list[keras.callbacks.Callback]:
     except ImportError:
         print(
             "keras_vit: no TensorBoard logs (the tensorboard package is not installed: "
-            'pip install "keras-vit-zoo[train]").',
+            f"{environment.install_hint('train')}).",
             file=sys.stderr,
         )
         return []
@@ -280,7 +323,9 @@ class Task(Protocol):
     policy (the Keras model to fit), `compile(network, total_steps, jit_compile)`,
     `train_data(network, start_epoch, steps_per_epoch)`; after `fit`, `finish(network,
     history)` (the task's metrics for the report, `history` being the whole run's per-epoch
-    logs) and `saved_model(network)` (what the chief saves as `output_dir/<saved_file>`).
+    logs), `saved_model(network)` (what the chief saves as `output_dir/<saved_file>`) and
+    `describe(network)`: the values the run used, for the report (`recipe`, `checkpoint`,
+    `hyperparameters`, `data`; `class_names`, when known, are also written to `labels.txt`).
     """
 
     default_epochs: float
@@ -297,6 +342,8 @@ class Task(Protocol):
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict: ...
 
     def saved_model(self, network: keras.Model) -> keras.Model: ...
+
+    def describe(self, network: keras.Model) -> dict: ...
 
 
 @dataclass
@@ -332,8 +379,10 @@ def fit_task(
     `"auto"`: on for a single replica), TensorBoard logs and progress, and a report with the
     task's metrics, timings, versions and the arguments.
     """
+    environment.require_tensorflow_backend("The training driver (keras_vit.training, keras_vit.pretrain)")
     if jit_compile not in JIT_CHOICES:
         raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}.")
+    run_started, started_at = time.perf_counter(), _now()
     strategy = start_run(strategy, precision, batch_size, seed)
     if jit_compile == "auto":
         jit_compile = strategy.num_replicas_in_sync == 1
@@ -377,6 +426,21 @@ def fit_task(
     steps_this_run = (fit_epochs - start_epoch) * steps_per_epoch
     saved = task.saved_model(network)
     height, width = saved.input_shape[1:3]
+    resolved = task.describe(network) if hasattr(task, "describe") else {}
+    train_examples = resolved.get("data", {}).get("train_examples")
+    hyperparameters = {
+        **resolved.pop("hyperparameters", {}),
+        "batch_size": batch_size,
+        "steps": total_steps,
+        "epochs": fit_epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "passes_over_data": round(total_steps * batch_size / train_examples, 3) if train_examples else None,
+        "precision": precision,
+        "jit_compile": bool(jit_compile),
+        "seed": seed,
+        "optimizer": optimizer_summary(network.optimizer),
+    }
+    config = getattr(saved, "config", None)
     report = {
         **metrics,
         "steps": int(network.optimizer.iterations.numpy()),
@@ -389,19 +453,35 @@ def fit_task(
         "fit_seconds": round(fit_seconds, 3),
         "images_per_second": round(steps_this_run * batch_size / fit_seconds, 1) if steps_this_run else None,
         "history": backup.history,
+        "final_training_metrics": {key: values[-1] for key, values in backup.history.items() if values},
         "model": saved.name,
+        "model_config": config.to_dict() if hasattr(config, "to_dict") else None,
         "parameters": int(saved.count_params()),
         "image_size": [int(height), int(width)],
-        "strategy": type(strategy).__name__,
+        **resolved,
+        "hyperparameters": hyperparameters,
+        "strategy": strategy_name(strategy),
         "replicas": int(strategy.num_replicas_in_sync),
+        "devices": _devices(strategy),
         "jit_compile": bool(jit_compile),
         "precision": precision,
-        "versions": {"keras": keras.__version__, "tensorflow": tf.__version__},
+        "versions": environment.versions(),
+        "machine": environment.machine(),
+        "started_at": started_at,
+        "finished_at": None,
+        "wall_seconds": None,  # strategy, data, build, fit, evaluation and saving
         "arguments": arguments,
     }
+    class_names = resolved.get("class_names")
+    if class_names:
+        report["labels_file"] = LABELS_FILE
     if chief:
         os.makedirs(output_dir, exist_ok=True)
         saved.save(os.path.join(output_dir, task.saved_file))
+        if class_names:
+            write_labels(os.path.join(output_dir, LABELS_FILE), class_names)
+    report.update(finished_at=_now(), wall_seconds=round(time.perf_counter() - run_started, 3))
+    if chief:
         write_json(os.path.join(output_dir, "report.json"), report)
     remove_backup(backup.backup_dir)
     return RunResult(network, report)

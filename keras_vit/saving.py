@@ -6,7 +6,7 @@ import importlib
 import os
 
 # Modules whose classes a saved keras_vit model or training run can reference.
-_SERIALIZABLE_MODULES = ("layers", "hybrid", "models", "recipes")
+_SERIALIZABLE_MODULES = ("layers", "hybrid", "models", "recipes", "masked_patch")
 
 
 def register() -> None:
@@ -18,7 +18,6 @@ def register() -> None:
 def load_model(path: str | os.PathLike, **kwargs):
     """`keras.saving.load_model(path, **kwargs)` with keras_vit's classes registered (incl. pre-training)."""
     register()
-    importlib.import_module("keras_vit.pretrain")  # MaskedPatchPredictor, PatchCorruption
     import keras
 
     return keras.saving.load_model(path, **kwargs)

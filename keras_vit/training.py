@@ -34,7 +34,7 @@ import tensorflow as tf
 from keras_vit import data, defaults, recipes, runs
 from keras_vit.defaults import RECIPES, SCRATCH_DROP_PATH, TRAIN_EPOCHS
 from keras_vit.models import build_vit, create_model
-from keras_vit.pretrained import model_entry
+from keras_vit.pretrained import checkpoint_record, model_entry
 from keras_vit.variants import VARIANTS, ViTConfig, model_config
 
 __all__ = [
@@ -64,12 +64,19 @@ def load_dataset(
     """`(train, held-out)` sources for `dataset`: `"digits"`, an image folder, or a tfds name.
 
     An image folder must hold `train/` and `test/` (or `val/`, `validation/`) sub-folders,
-    each with one sub-folder per class. A tensorflow-datasets name reads `train_split` and
-    `test_split` from `data_dir`; it must be prepared already (nothing is downloaded).
+    each with one sub-folder per class. A tensorflow-datasets name (with a config or version
+    if needed: `imagenette/320px`, `mnist:3.0.1`) reads `train_split` and `test_split` from
+    `data_dir`; it must be prepared already (nothing is downloaded). A string is a folder if
+    it exists or starts with `.`, `/` or `~` (`keras_vit.data.is_folder_name`).
     """
-    if os.fspath(dataset) == "digits":
+    if isinstance(dataset, str) and dataset == "digits":
         return data.load_digits()
-    path = os.fspath(dataset)
+    path = os.path.expanduser(os.fspath(dataset))
+    if not data.is_folder_name(dataset):
+        return (
+            data.from_tfds(path, train_split, data_dir=data_dir),
+            data.from_tfds(path, test_split, data_dir=data_dir),
+        )
     if os.path.isdir(path):
         held_out = next(
             (name for name in ("test", "val", "validation") if os.path.isdir(os.path.join(path, name))), None
@@ -87,12 +94,9 @@ def load_dataset(
                 f"({train_source.class_names} vs {test_source.class_names})."
             )
         return train_source, test_source
-    if os.sep in path or path.startswith("."):
-        raise FileNotFoundError(f"Dataset folder {path!r} does not exist.")
-    return (
-        data.from_tfds(path, train_split, data_dir=data_dir),
-        data.from_tfds(path, test_split, data_dir=data_dir),
-    )
+    if os.path.exists(path):
+        raise ValueError(f"Dataset {path!r} is a file: pass an image folder, 'digits' or a tfds name.")
+    raise FileNotFoundError(f"Dataset folder {path!r} does not exist.")
 
 
 def _build_model(
@@ -103,11 +107,12 @@ def _build_model(
     dropout: float,
     drop_path_rate: float,
 ) -> keras.Model:
-    regularisation = dict(dropout=dropout, drop_path_rate=drop_path_rate)
+    # Logits: the recipes' loss (`recipes.loss`) is a softmax cross-entropy from logits.
+    regularisation = dict(dropout=dropout, drop_path_rate=drop_path_rate, classifier_activation=None)
     if isinstance(pretrained, keras.Model) or (
         isinstance(pretrained, (str, os.PathLike)) and os.fspath(pretrained).endswith(".keras")
     ):  # a keras_vit model, e.g. the backbone `keras-vit pretrain` writes
-        from keras_vit.pretrain import to_classifier
+        from keras_vit.masked_patch import to_classifier
 
         classifier = to_classifier(pretrained, num_classes, **regularisation)
         if image_size is not None and tuple(classifier.input_shape[1:3]) != data._size_pair(image_size):
@@ -203,7 +208,11 @@ def train(
 
     Returns:
         `TrainingResult(model, report)`; the report (also `report.json`) has the held-out
-        accuracy and loss, steps, seconds, images/s, per-epoch history and the arguments.
+        accuracy and loss, steps, seconds, images/s, per-epoch history, the values the run
+        used (model config, recipe, checkpoint and its sha256, hyper-parameters, data sizes,
+        strategy, versions, machine; see `keras_vit.runs`) and the arguments as given. The
+        class names, when the data has them, are also written to `output_dir/labels.txt`.
+        The model outputs logits (`classifier_activation=None`), as the recipes' loss expects.
     """
     arguments = {key: runs.describe(value) for key, value in dict(locals()).items() if key != "callbacks"}
     if recipe not in RECIPES:
@@ -287,34 +296,38 @@ class ClassificationTask:
         return data.epoch_steps(self.train_source, batch_size)
 
     def build(self) -> keras.Model:
-        drop_path_rate = self.drop_path_rate
-        if drop_path_rate is None:
-            drop_path_rate = SCRATCH_DROP_PATH if self.recipe == "pretrain" else 0.0
+        self.used_drop_path_rate = self.drop_path_rate
+        if self.used_drop_path_rate is None:
+            self.used_drop_path_rate = SCRATCH_DROP_PATH if self.recipe == "pretrain" else 0.0
         return _build_model(
             self.config,
             self.pretrained,
             self.image_size or (None if self.pretrained else self.config.image_size),
             self.train_source.num_classes,
             self.dropout,
-            drop_path_rate,
+            self.used_drop_path_rate,
         )
 
     def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None:
         if self.recipe == "pretrain":
+            self.schedule = dict(
+                learning_rate=self.learning_rate or defaults.SCRATCH_LEARNING_RATE,
+                warmup_steps=runs.warmup_steps(self.warmup_steps, total_steps, defaults.SCRATCH_WARMUP_CAP),
+            )
             optimizer = recipes.pretraining_optimizer(
                 total_steps,
-                learning_rate=self.learning_rate or defaults.SCRATCH_LEARNING_RATE,
                 weight_decay=self.weight_decay,
-                warmup_steps=runs.warmup_steps(self.warmup_steps, total_steps, defaults.SCRATCH_WARMUP_CAP),
                 decay="cosine",
                 ema_momentum=self.ema_momentum,
+                **self.schedule,
             )
         else:
-            optimizer = recipes.finetuning_optimizer(
-                total_steps,
+            self.schedule = dict(
                 learning_rate=self.learning_rate or defaults.FINETUNE_LEARNING_RATE,
                 warmup_steps=runs.warmup_steps(self.warmup_steps, total_steps, defaults.FINETUNE_WARMUP_CAP),
-                ema_momentum=self.ema_momentum,
+            )
+            optimizer = recipes.finetuning_optimizer(
+                total_steps, ema_momentum=self.ema_momentum, **self.schedule
             )
         network.compile(
             optimizer=optimizer,
@@ -360,6 +373,48 @@ class ClassificationTask:
 
     def saved_model(self, network: keras.Model) -> keras.Model:
         return network
+
+    def describe(self, network: keras.Model) -> dict:
+        """What the run used (`runs.fit_task` puts it in the report): recipe, checkpoint, data, values."""
+        image_size, mean, std, interpolation = self._preprocessing(network)
+        is_digits = not isinstance(self.dataset, tuple) and os.fspath(self.dataset) == defaults.DATASET
+        augment = runs.augmentation(is_digits, self.crop_scale, self.flip)
+        from_checkpoint = self.pretrained is not False and self.pretrained is not None
+        optimizer = (
+            "AdamW (weight decay on kernels), warm-up + cosine decay: the paper's pre-training recipe"
+            if self.recipe == "pretrain"
+            else "SGD momentum 0.9, warm-up + cosine decay, no weight decay: the paper's fine-tuning recipe"
+        )
+        start = "from a checkpoint" if from_checkpoint else "from scratch"
+        tfds_name = not isinstance(self.dataset, tuple) and not is_digits
+        tfds_name = tfds_name and not data.is_folder_name(self.dataset)
+        return {
+            "recipe": self.recipe,
+            "recipe_description": f"{optimizer}; {start}",
+            "checkpoint": checkpoint_record(self.pretrained, network),
+            "data": {
+                "dataset": runs.describe(self.dataset),
+                "train_examples": self.train_source.num_examples,
+                "test_examples": self.test_source.num_examples,
+                "num_classes": self.train_source.num_classes,
+                **({"train_split": self.train_split, "test_split": self.test_split} if tfds_name else {}),
+            },
+            "class_names": list(self.train_source.class_names) if self.train_source.class_names else None,
+            "hyperparameters": {
+                **self.schedule,
+                "decay": "cosine",
+                "weight_decay": self.weight_decay if self.recipe == "pretrain" else 0.0,
+                "label_smoothing": self.label_smoothing,
+                "ema_momentum": self.ema_momentum,
+                "dropout": self.dropout,
+                "drop_path_rate": self.used_drop_path_rate,
+                "image_size": list(image_size),
+                "mean": list(mean),
+                "std": list(std),
+                "interpolation": interpolation,
+                **{key: list(value) if isinstance(value, tuple) else value for key, value in augment.items()},
+            },
+        }
 
 
 def finetune(

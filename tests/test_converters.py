@@ -63,7 +63,8 @@ def keras_model():
     def get(variant: str, **kwargs) -> keras.Model:
         key = (variant, tuple(sorted(kwargs.items())))
         if key not in cache:
-            cache[key] = keras_vit.create_model(variant, **kwargs)
+            # logits (the factories default to softmax), compared with the references' logits
+            cache[key] = keras_vit.create_model(variant, **{"classifier_activation": None, **kwargs})
         return cache[key]
 
     yield get
@@ -213,7 +214,7 @@ def test_hf_pooler_is_pre_logits(keras_model, tmp_path):
 
 
 def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state):
-    model = keras_vit.create_model("vit_ti16", num_classes=10)
+    model = keras_vit.create_model("vit_ti16", num_classes=10, classifier_activation=None)
     with pytest.warns(UserWarning, match="1000 classes and the model's 10"):
         load_checkpoint(model, ti_state)
     images = random_images()

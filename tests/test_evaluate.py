@@ -59,7 +59,7 @@ def _few_shot(model_or_fn, digits, **kwargs):
 @pytest.mark.slow
 def test_few_shot_trained_model_beats_random_features(digits):
     keras.utils.set_random_seed(0)
-    model = keras_vit.build_vit(TINY, image_size=8, num_classes=10)
+    model = keras_vit.build_vit(TINY, image_size=8, num_classes=10, classifier_activation=None)  # logits
     untrained = _few_shot(model, digits)
     noise = _few_shot(lambda x: np.random.default_rng(0).normal(size=(len(x), 32)), digits, image_size=8)
 

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from PIL import Image
 
 import keras_vit
 from keras_vit import cli
+from keras_vit.environment import install_hint
 from keras_vit.export import (
     BYTES_SIGNATURE,
     DEFAULT_SIGNATURE,
@@ -121,8 +123,12 @@ with open(f"{work}/report.json", "w") as file:
 
 
 def _tiny_classifier(**kwargs) -> keras.Model:
-    """A tiny ViT with a random head (the zero-initialised head would score every class equally)."""
-    model = keras_vit.build_vit(CONFIG, **{"image_size": IMAGE_SIZE, "num_classes": 10, **kwargs})
+    """A tiny ViT with a random head (the zero-initialised head would score every class equally).
+
+    Logits by default (the export adds the softmax); `classifier_activation="softmax"` for probabilities.
+    """
+    arguments = {"image_size": IMAGE_SIZE, "num_classes": 10, "classifier_activation": None, **kwargs}
+    model = keras_vit.build_vit(CONFIG, **arguments)
     head = model.get_layer("head")
     head.kernel.assign(np.random.default_rng(0).normal(0.0, 1.0, head.kernel.shape).astype("float32"))
     return model
@@ -387,8 +393,8 @@ def test_settings_come_from_the_catalog():
         (32, 32), (0.1, 0.2, 0.3), (0.5, 0.5, 0.5), 0.9, "bicubic"
     )
     assert _class_names(plain, None, 1000) is None
-    assert not _outputs_probabilities(plain)
-    assert _outputs_probabilities(keras_vit.build_vit(CONFIG, image_size=32, classifier_activation="softmax"))
+    assert _outputs_probabilities(plain)  # the factories' default head: softmax
+    assert not _outputs_probabilities(keras_vit.build_vit(CONFIG, image_size=32, classifier_activation=None))
 
 
 def test_bad_arguments_fail_before_writing(tmp_path, monkeypatch):
@@ -407,6 +413,6 @@ def test_bad_arguments_fail_before_writing(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"crop_pct must be in \(0, 1\]"):
         keras_vit.export_serving(model, target, crop_pct=1.5)
     monkeypatch.setitem(sys.modules, "tensorflow_serving.apis", None)  # the `export` extra missing
-    with pytest.raises(ModuleNotFoundError, match=r"keras-vit-zoo\[export\]"):
+    with pytest.raises(ModuleNotFoundError, match=re.escape(install_hint("export"))):
         keras_vit.export_serving(model, target)
     assert not target.exists()

@@ -120,7 +120,7 @@ def test_logits_match_timm(name, size, tmp_path):
     with torch.no_grad():
         expected = reference(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
     assert np.abs(expected).max() > 0.5  # the head and every norm really take part
-    model = keras_vit.create_model(name, image_size=(height, width))
+    model = keras_vit.create_model(name, image_size=(height, width), classifier_activation=None)  # logits
     num_heads = model.get_layer("block_0").num_heads
     files = {
         "timm": writers.save_timm_safetensors(state, tmp_path / "model.safetensors"),

@@ -284,7 +284,10 @@ def test_transformer_block_attention_scores_are_softmax_qk(rng):
     assert scores.shape == (2, num_heads, length, length)
     np.testing.assert_allclose(scores.sum(-1), 1.0, atol=1e-6)
     plain_output = keras.ops.convert_to_numpy(block(tokens))  # the same computation without the scores
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(output), plain_output)
+    # bit for bit, unless this backend's fused attention kernel (PyTorch) serves the call without scores
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(output), plain_output, atol=1e-6, rtol=0)
+    if keras.backend.backend() == "tensorflow":
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(output), plain_output)
 
     normed = _layer_norm(tokens, block.norm1.gamma.numpy(), block.norm1.beta.numpy())
     query = np.einsum("bnd,dhk->bhnk", normed, block.attention.query_dense.kernel.numpy())

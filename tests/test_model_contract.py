@@ -9,6 +9,7 @@ import zipfile
 import keras
 import numpy as np
 import pytest
+from conftest import random_images
 
 import keras_vit
 from keras_vit import ViT, ViTConfig
@@ -27,10 +28,6 @@ def _randomised(model: keras.Model, seed: int = 0) -> keras.Model:
     for weight in model.weights:
         weight.assign(rng.normal(0, 0.2, weight.shape).astype("float32"))
     return model
-
-
-def _images(batch: int, size: int, seed: int = 1) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
 
 
 def test_every_registry_row_has_a_one_line_factory():
@@ -68,8 +65,8 @@ def test_class_token_free_model_pools_the_patches():
     model = _randomised(keras_vit.build_vit(TINY, class_token=False, pooling="gap", num_classes=3))
     assert model.class_token is None and model.pos_embed.num_prefix_tokens == 0
     assert model.pos_embed.embedding.shape == (1, 16, 16)
-    tokens = model.token_model()(_images(2, 16))
-    pooled = keras.ops.convert_to_numpy(model.feature_model()(_images(2, 16)))
+    tokens = model.token_model()(random_images(2, (16, 16), seed=1))
+    pooled = keras.ops.convert_to_numpy(model.feature_model()(random_images(2, (16, 16), seed=1)))
     np.testing.assert_allclose(pooled, keras.ops.convert_to_numpy(tokens).mean(axis=1), atol=1e-6)
     with pytest.raises(ValueError, match="pooling='token' reads the \\[class\\] token.*pooling='gap'"):
         keras_vit.build_vit(TINY, class_token=False)
@@ -83,7 +80,7 @@ def test_keras_round_trip_keeps_the_config(tmp_path):
         loaded = keras.saving.load_model(path)
         assert type(loaded) is ViT and loaded.config == model.config
         assert loaded.get_config() == model.get_config() and loaded.pretrained_tag == "x.y"
-        images = _images(2, config.image_hw[0])
+        images = random_images(2, (config.image_hw[0],) * 2, seed=1)
         np.testing.assert_array_equal(loaded.predict(images, verbose=0), model.predict(images, verbose=0))
         saved = json.loads(zipfile.ZipFile(path).read("config.json"))
         assert saved["class_name"] == "ViT" and saved["config"]["config"]["name"] == config.name
@@ -101,11 +98,13 @@ def test_with_head_and_without_head_copy_the_weights():
     tokens = model.without_head(pooling=None)
     assert tokens.output_shape == (None, 17, 16) and tokens.config.pooling is None
     np.testing.assert_array_equal(
-        tokens.predict(_images(1, 16), verbose=0), model.token_model().predict(_images(1, 16), verbose=0)
+        tokens.predict(random_images(1, (16, 16), seed=1), verbose=0),
+        model.token_model().predict(random_images(1, (16, 16), seed=1), verbose=0),
     )
     features = model.without_head()
     np.testing.assert_array_equal(
-        features.predict(_images(1, 16), verbose=0), model.feature_model().predict(_images(1, 16), verbose=0)
+        features.predict(random_images(1, (16, 16), seed=1), verbose=0),
+        model.feature_model().predict(random_images(1, (16, 16), seed=1), verbose=0),
     )
     for a, b in zip(model.get_weights(), before, strict=True):  # the original is untouched
         np.testing.assert_array_equal(a, b)
@@ -163,8 +162,8 @@ def test_load_model_in_a_fresh_process(tmp_path):
     path = tmp_path / "tiny.keras"
     model = _randomised(keras_vit.build_vit(TINY, num_classes=3))
     model.save(path)
-    expected = model.predict(_images(1, 16), verbose=0)
-    np.save(tmp_path / "images.npy", _images(1, 16))
+    expected = model.predict(random_images(1, (16, 16), seed=1), verbose=0)
+    np.save(tmp_path / "images.npy", random_images(1, (16, 16), seed=1))
     images = str(tmp_path / "images.npy")
     out = _run(
         "import numpy as np, keras_vit\n"
@@ -220,3 +219,20 @@ def test_no_import_cycles_between_modules():
             visit(module, [module])
     assert {"keras_vit.training", "keras_vit.pretrain", "keras_vit.runs"} <= set(graph)
     assert "keras_vit.training" not in graph["keras_vit.pretrain"]
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_every_layer_computes_in_its_policy_dtype(policy):
+    keras.config.set_dtype_policy(policy)
+    for config in (TINY, TINY_HYBRID):
+        model = _randomised(keras_vit.build_vit(config, num_classes=3, classifier_activation=None))
+        images = random_images(1, config.image_hw)
+        wrong = []
+        for layer in model.layers[1:]:
+            output = keras.Model(model.input, layer.output)(images)
+            if keras.backend.standardize_dtype(output.dtype) != layer.compute_dtype:
+                wrong.append((layer.name, str(output.dtype), layer.compute_dtype))
+        assert not wrong, wrong
+        logits = model(images)
+        assert keras.backend.standardize_dtype(logits.dtype) == "float32"  # the float32 head
+        assert np.all(np.isfinite(keras.ops.convert_to_numpy(logits)))

@@ -194,7 +194,7 @@ def test_offline_cache_miss_names_repo_file_and_local_alternative(hub_cache):
 def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(hub_cache, timm_tiny, tmp_path):
     reference, path = timm_tiny
     populate_cache(hub_cache, DEFAULT_REPO, "model.safetensors", path.read_bytes())
-    model = keras_vit.vit_ti16(pretrained=True)
+    model = keras_vit.vit_ti16(pretrained=True, classifier_activation=None)  # logits, as timm
     assert model.name == "vit_ti16.augreg_in21k_ft_in1k" == model.pretrained_tag
     assert model.output_shape == (None, 1000)
 
@@ -228,7 +228,7 @@ def test_hybrid_pretrained_true_from_cache_matches_timm(hub_cache):
             parameter.add_(0.05 * torch.randn_like(parameter))
     data = safetensors.torch.save({key: value.contiguous() for key, value in reference.state_dict().items()})
     populate_cache(hub_cache, entry.hub_repo, entry.filename, data)
-    model = keras_vit.vit_r_ti16(pretrained=True, image_size=384)
+    model = keras_vit.vit_r_ti16(pretrained=True, image_size=384, classifier_activation=None)
     assert model.pretrained_tag == entry.tag == "vit_r_ti16.augreg_in21k_ft_in1k"
     resized = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, img_size=384).eval()
     resized.load_state_dict(checkpoint_filter_fn(reference.state_dict(), resized))

@@ -14,7 +14,8 @@ def _tiny_vit(num_classes=3):
     config = keras_vit.ViTConfig(
         "vit_tiny_test", patch_size=4, hidden_size=16, depth=1, num_heads=2, mlp_dim=32
     )
-    return keras_vit.build_vit(config, image_size=8, num_classes=num_classes)
+    # logits: recipes.loss is a cross-entropy from logits
+    return keras_vit.build_vit(config, image_size=8, num_classes=num_classes, classifier_activation=None)
 
 
 def _tiny_data(rng, count=32, num_classes=3):

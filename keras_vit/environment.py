@@ -1,0 +1,129 @@
+"""Where keras_vit runs: install advice for the optional extras, and the machine for run reports.
+
+`install_hint("train")` is the command that installs an extra where the user is: from a source
+checkout (the package's parent folder holds the `setup.cfg` of `keras-vit-zoo`) an editable
+install of that checkout, `pip install -e ".[train]"` (with the checkout's path when the
+current directory is elsewhere); otherwise the package-index form
+`pip install "keras-vit-zoo[train]"`. Every error message and notice that suggests an install
+builds it here.
+
+`machine()` and `versions()` describe the hardware and software of a run (`report.json`).
+
+Pure Python: imports neither TensorFlow nor Keras (`versions` reads the modules already loaded).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+import sys
+
+__all__ = [
+    "DISTRIBUTION",
+    "checkout_root",
+    "install_hint",
+    "machine",
+    "require_tensorflow_backend",
+    "versions",
+]
+
+DISTRIBUTION = "keras-vit-zoo"
+_NAME_LINE = re.compile(r"^\s*name\s*=\s*(\S+)\s*$", re.MULTILINE)
+
+
+@functools.lru_cache(maxsize=1)
+def checkout_root() -> str | None:
+    """The source checkout keras_vit is imported from, or `None` for an installed package.
+
+    A checkout is recognised by the `setup.cfg` next to the package folder naming the
+    distribution `keras-vit-zoo` (an editable install imports from the checkout too).
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        with open(os.path.join(root, "setup.cfg"), encoding="utf-8") as file:
+            match = _NAME_LINE.search(file.read())
+    except OSError:
+        return None
+    return root if match and match.group(1) == DISTRIBUTION else None
+
+
+def require_tensorflow_backend(feature: str) -> None:
+    """Stop at once, saying what to do, when `feature` (TensorFlow by nature) runs on another backend."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if "keras" in sys.modules:
+        backend = sys.modules["keras"].backend.backend()
+    if backend != "tensorflow":
+        raise RuntimeError(
+            f"{feature} needs the TensorFlow backend (tf.data, tf.distribute, SavedModel), but Keras runs "
+            f"on {backend!r}: run it with KERAS_BACKEND=tensorflow, or on {backend} train with "
+            "model.fit on NumPy arrays or a keras.utils.PyDataset (README: Backends)."
+        )
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs keras_vit's optional `extra` (`train`, `plots`, `export`, ...)."""
+    root = checkout_root()
+    if root is None:
+        return f'pip install "{DISTRIBUTION}[{extra}]"'
+    try:
+        here = os.path.samefile(os.getcwd(), root)
+    except OSError:
+        here = False
+    return f'pip install -e ".[{extra}]"' if here else f'pip install -e "{root}[{extra}]"'
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as file:
+            for line in file:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpus() -> list[dict]:
+    """The GPUs TensorFlow sees (name and compute capability when it reports them); [] without TF."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return []
+    gpus = []
+    for device in tf.config.list_physical_devices("GPU"):
+        entry = {"device": device.name}
+        try:
+            details = tf.config.experimental.get_device_details(device)
+        except (RuntimeError, ValueError):
+            details = {}
+        if details.get("device_name"):
+            entry["name"] = details["device_name"]
+        if details.get("compute_capability"):
+            entry["compute_capability"] = list(details["compute_capability"])
+        gpus.append(entry)
+    return gpus
+
+
+def machine() -> dict:
+    """The hardware of this process: CPU model and cores, GPUs, operating system, host name."""
+    return {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "gpus": _gpus(),
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+    }
+
+
+def versions() -> dict:
+    """Python and the versions of keras_vit and of the frameworks loaded in this process."""
+    from keras_vit import __version__
+
+    found = {"python": platform.python_version(), "keras_vit": __version__}
+    for module in ("keras", "tensorflow", "numpy", "tensorflow_datasets"):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            found[module] = getattr(loaded, "__version__", None)
+    return found

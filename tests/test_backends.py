@@ -1,0 +1,136 @@
+"""Keras 3 backends: the same `.keras` file and the same logits on JAX, PyTorch and TensorFlow.
+
+The rest of the backend-neutral suite (layers, models, converters' parity, hybrids, quantization,
+LoRA) runs on every backend from `.ci/run` (`KERAS_BACKEND=jax|torch python -m pytest ...`);
+this module checks what needs two backends at once, with `tests/backend_worker.py` in a
+subprocess per backend: models saved here load there with logits within 1e-5, train there
+(NumPy arrays, `PyDataset`) without importing TensorFlow, and what they save loads back here.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+from conftest import random_images, subprocess_env
+
+import keras_vit
+from keras_vit import ViTConfig
+
+WORKER = Path(__file__).with_name("backend_worker.py")
+TOLERANCE = 1e-5
+CASES = {
+    "plain": (ViTConfig("tiny_plain", 4, 32, 2, 2, 64, image_size=(16, 24)), {"representation_size": 8}),
+    "hybrid": (ViTConfig("tiny_hybrid", 1, 32, 1, 2, 64, resnet_stages=(1,), image_size=32), {}),
+    "gap": (ViTConfig("tiny_gap", 4, 32, 1, 2, 64, image_size=16, pooling="gap", class_token=False), {}),
+}
+BACKENDS = [
+    pytest.param(
+        name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"no {module}")
+    )
+    for name, module in (("jax", "jax"), ("torch", "torch"))
+]
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="drives the other backends from the TensorFlow suite"
+)
+
+
+def _randomised(model: keras.Model, seed: int) -> keras.Model:
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        weight.assign(rng.normal(0, 0.2, weight.shape).astype("float32"))
+    return model
+
+
+@pytest.fixture(scope="module")
+def saved_here(tmp_path_factory):
+    """Each case saved on TensorFlow with its inputs and logits."""
+    folder = tmp_path_factory.mktemp("tensorflow")
+    logits = {}
+    for seed, (case, (config, arguments)) in enumerate(CASES.items()):
+        model = _randomised(
+            keras_vit.build_vit(config, num_classes=5, classifier_activation=None, **arguments), seed
+        )
+        images = random_images(2, config.image_hw, seed=seed)
+        np.save(folder / f"{case}.npy", images)
+        model.save(folder / f"{case}.keras")
+        logits[case] = keras.ops.convert_to_numpy(model(images, training=False))
+    return folder, logits
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_path):
+    folder, expected = saved_here
+    done = subprocess.run(
+        [sys.executable, str(WORKER), str(folder), str(tmp_path)],
+        env=subprocess_env(KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["backend"] == backend
+    assert not result["tensorflow_before_saving"]  # load, predict, inspect, fit: no TensorFlow
+    for case, (config, _) in CASES.items():
+        there = result["cases"][case]
+        assert there["class"] == "ViT" and ViTConfig.from_dict(there["config"]) == config
+        np.testing.assert_allclose(np.array(there["logits"]), expected[case], atol=TOLERANCE, rtol=0)
+        assert there["rollout_shape"] == [2, *config.image_hw]  # the rollout map at image resolution
+        # ... and what that backend saved loads here with the same logits.
+        back = keras_vit.load_model(tmp_path / f"{case}.keras")
+        images = np.load(folder / f"{case}.npy")
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(back(images, training=False)), expected[case], atol=TOLERANCE, rtol=0
+        )
+
+
+# The backend-neutral modules: layers, models and their contract, every converter's parity,
+# hybrids, quantization and LoRA. (Data pipelines, tf.distribute, export: TensorFlow by nature.)
+NEUTRAL_MODULES = [
+    "test_layers.py",
+    "test_model_contract.py",
+    "test_converters.py",
+    "test_hybrid.py",
+    "test_quantization_lora.py",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_neutral_suite_passes_on(backend):
+    """The quick backend-neutral tests, run in a pytest of their own under `KERAS_BACKEND=backend`."""
+    tests = Path(__file__).parent
+    modules = [str(tests / name) for name in NEUTRAL_MODULES if (tests / name).exists()]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:randomly", *modules],
+        env=subprocess_env(KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=tests.parent,
+    )
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert done.returncode == 0, f"{backend}: {summary}\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+    assert " passed" in summary and " failed" not in summary, summary
+
+
+def test_tensorflow_only_features_stop_at_once_on_another_backend(tmp_path):
+    code = (
+        "import keras_vit, keras\n"
+        "try:\n"
+        f"    keras_vit.training.train(output_dir={str(tmp_path)!r}, steps=1)\n"
+        "except RuntimeError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env(KERAS_BACKEND="jax"), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "needs the TensorFlow backend" in done.stdout and "KERAS_BACKEND=tensorflow" in done.stdout
+    assert "runs on 'jax'" in done.stdout
