@@ -95,6 +95,8 @@ class ViT(keras.Model):
         channels: input channels (3 for RGB).
         pretrained_tag: the catalog tag of the weights, set by the loaders (for preprocessing
             and labels); kept by `.keras` saving.
+        quantization: `{sublayer path: mode}` to quantize at construction, as recorded by
+            `get_config` after `model.quantize(...)`, so a quantized model round-trips.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class ViT(keras.Model):
         classifier_activation: str | None = None,
         channels: int = 3,
         pretrained_tag: str | None = None,
+        quantization: dict[str, str] | None = None,
         name: str | None = None,
         **kwargs,
     ):
@@ -168,6 +171,8 @@ class ViT(keras.Model):
         self.classifier_activation = classifier_activation
         self.channels = channels
         self.pretrained_tag = pretrained_tag
+        if quantization:
+            self._quantize_layers(quantization)
 
     # --- parts by role -------------------------------------------------------------------------
     def _optional_layer(self, name: str) -> keras.layers.Layer | None:
@@ -287,6 +292,24 @@ class ViT(keras.Model):
             "classifier_activation": self.classifier_activation,
             "channels": self.channels,
             "pretrained_tag": self.pretrained_tag,
+            "quantization": self.quantization() or None,
+        }
+
+    def _quantize_layers(self, quantization: dict[str, str]) -> None:
+        """Quantize the sublayers named by path (`block_0/attention/query`) as `Model.quantize` did."""
+        layers = {layer.path: layer for layer in self._flatten_layers(include_self=False)}
+        unknown = sorted(set(quantization) - set(layers))
+        if unknown:
+            raise ValueError(f"{self.name}: no sublayers {unknown} to quantize.")
+        for path, mode in quantization.items():
+            layers[path].quantize(mode)
+
+    def quantization(self) -> dict[str, str]:
+        """`{sublayer path: mode}` of the quantized layers (`model.quantize("int8")`); `{}` if none."""
+        return {
+            layer.path: layer.quantization_mode
+            for layer in self._flatten_layers(include_self=False)
+            if getattr(layer, "quantization_mode", None)
         }
 
     @classmethod
