@@ -116,7 +116,7 @@ def build(variant: str, modes: list[str], images):
     import keras_vit
 
     keras.utils.set_random_seed(0)
-    model = keras_vit.create_model(variant)
+    model = keras_vit.create_model(variant, classifier_activation=None)  # logits
     rng = np.random.default_rng(0)
     model.head.kernel.assign(rng.normal(0.0, 0.02, model.head.kernel.shape).astype("float32"))
     models, quantize_seconds = {"float32": model}, {}
