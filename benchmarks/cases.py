@@ -145,7 +145,8 @@ class Case:
         return "matmul_bf16" if self.precision == "bfloat16" else "matmul_fp32"
 
 
-_MODEL_PEERS = (
+# Every competitor of the model cases, in the order report.py prints their columns.
+MODEL_PEERS = (
     "keras_vit",
     "keras_vit_xla",
     "keras_vit_jax",
@@ -163,7 +164,7 @@ def _model_case(kind: str, arch: str, batch: int, precision: str) -> Case:
     precision_label = "mixed bfloat16" if precision == "bfloat16" else precision
     title = f"{ARCHS[arch].label} {what.split()[0]}, batch {batch}, {precision_label}"
     description = f"{ARCHS[arch].label} {IMAGE_SIZE} px {what}, batch {batch}, {precision_label}"
-    return Case(name, kind, title, description, _MODEL_PEERS, arch, batch, precision)
+    return Case(name, kind, title, description, MODEL_PEERS, arch, batch, precision)
 
 
 CASES: dict[str, Case] = {

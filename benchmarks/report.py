@@ -15,19 +15,10 @@ import json
 import os
 import sys
 
-from cases import CASES, COMPETITORS
+from cases import CASES, COMPETITORS, MODEL_PEERS
 
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-MODEL_COLUMNS = (
-    "keras_vit",
-    "keras_vit_xla",
-    "keras_vit_jax",
-    "keras_vit_torch",
-    "keras_hub",
-    "keras_hub_xla",
-    "timm",
-)
 KERAS_VIT_FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch")  # TensorFlow, JAX, PyTorch
 BACKENDS_NOTE = (
     "keras_vit and keras_vit XLA run on Keras's TensorFlow backend (graph, XLA); keras_vit JAX on "
@@ -62,7 +53,7 @@ def _ratio(record: dict, first: str, second: str) -> str:
 def _fastest_keras_vit(record: dict) -> dict | None:
     candidates = [
         record["competitors"][name]
-        for name in MODEL_COLUMNS
+        for name in MODEL_PEERS
         if name.startswith("keras_vit") and "images_per_s" in record["competitors"].get(name, {})
     ]
     return max(candidates, key=lambda entry: entry["images_per_s"]["median"], default=None)
@@ -80,7 +71,7 @@ def _model_cases(cases: dict) -> list[tuple[str, dict]]:
 def model_columns(cases: dict) -> list[str]:
     """The competitors that ran in at least one model case, in the table's order."""
     ran = {competitor for _, record in _model_cases(cases) for competitor in record["competitors"]}
-    return [name for name in MODEL_COLUMNS if name in ran]
+    return [name for name in MODEL_PEERS if name in ran]
 
 
 def _ratio_columns(columns: list[str]) -> list[tuple[str, str, str]]:
