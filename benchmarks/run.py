@@ -176,9 +176,10 @@ class Worker:
         self.log_path = os.path.join(log_dir, name)
         self.log = open(self.log_path, "w")
         # KERAS_BACKEND picks the Keras workers' backend before they import keras (timm's: torch).
-        environment = dict(
-            os.environ, TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS=str(threads), KERAS_BACKEND=backend
-        )
+        # TensorFlow's oneDNN kernels on unless the caller says otherwise: keras_vit's default (the
+        # `keras-vit` command, `keras_vit.enable_onednn()`), and keras_hub's faster setting too.
+        environment = {"TF_ENABLE_ONEDNN_OPTS": "1", **os.environ}
+        environment.update(TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS=str(threads), KERAS_BACKEND=backend)
         command = [
             python,
             os.path.join(HERE, "worker.py"),
@@ -601,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             key: getattr(args, key)
             for key in ("rounds", "min_time", "warmup", "threads", "max_other", "jit", "quick")
         },
+        "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1 (run.py's default)"),
         "versions": suite.versions,
         "flop_convention": "forward FLOPs per image from benchmarks/cases.py; training step = 3x forward",
         "cases": {

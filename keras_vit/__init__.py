@@ -28,10 +28,18 @@ _EXPORTS = {
     "inspect_checkpoint": "converters",
     "load_checkpoint": "converters",
     "export_serving": "export",
+    "export_litert": "export",
+    "export_onnx": "export",
+    "NotExpressibleError": "sharing",
+    "load_pretrained": "sharing",
+    "push_to_hub": "sharing",
+    "save_pretrained": "sharing",
     "enable_lora": "lora",
+    "enable_onednn": "environment",
     "ClassToken": "layers",
     "DropPath": "layers",
     "MultiHeadSelfAttention": "layers",
+    "MultiheadAttentionPooling": "layers",
     "PatchEncoder": "layers",
     "PositionEmbedding": "layers",
     "TokenPooling": "layers",
@@ -45,6 +53,7 @@ _EXPORTS = {
     "load_image": "preprocessing",
     "Preprocessing": "preprocessing",
     "preprocess_input": "preprocessing",
+    "ImageTooLargeError": "validation",
     "WeightsIntegrityError": "pretrained",
     "WeightsUnavailableError": "pretrained",
     "list_pretrained": "pretrained",
@@ -53,7 +62,17 @@ _EXPORTS = {
 }
 # Submodules reachable as attributes (`keras_vit.data`, ...). `keras_vit.inspect` is left out of
 # __all__: a star import must not hide the standard library's `inspect`.
-_SUBMODULES = ("data", "defaults", "evaluate", "inspect", "pretrain", "recipes", "training")
+_SUBMODULES = (
+    "data",
+    "defaults",
+    "evaluate",
+    "inspect",
+    "pretrain",
+    "recipes",
+    "sharing",
+    "training",
+    "validation",
+)
 
 __all__ = sorted(["VARIANTS", "ViTConfig", "list_models", *_EXPORTS])
 
@@ -73,5 +92,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
 
 
+if "tensorflow" in sys.modules:  # imported before us: say so if its fast CPU kernels are off
+    importlib.import_module("keras_vit.environment").note_onednn_off()
 if "keras" in sys.modules:  # Keras is loaded anyway: register our classes for keras.saving now
     importlib.import_module("keras_vit.saving").register()

@@ -15,12 +15,29 @@ import os
 import sys
 import tempfile
 
-from keras_vit import defaults
+from keras_vit import defaults, validation
+from keras_vit.environment import enable_onednn
 
 if __name__ == "__main__" and not __package__:
     # Run as `python keras_vit/cli.py`: sys.path[0] is the package folder, where
     # keras_vit/inspect.py would hide the standard library's `inspect`; use the folder above.
     sys.path[0] = os.path.dirname(os.path.abspath(sys.path[0]))
+
+
+# argparse `type=`s: a bad value fails while parsing, with the usage line (keras_vit.validation).
+_POSITIVE_INT = validation.cli_type(validation.positive_int)
+_NON_NEGATIVE_INT = validation.cli_type(validation.non_negative_int)
+_POSITIVE_NUMBER = validation.cli_type(validation.positive_number, float)
+_NON_NEGATIVE_NUMBER = validation.cli_type(validation.number, float, minimum=0.0)
+_RATE = validation.cli_type(validation.fraction, float)  # [0, 1)
+_RATE_TO_ONE = validation.cli_type(validation.fraction, float, allow_one=True)  # [0, 1]
+_MOMENTUM = validation.cli_type(
+    validation.number, float, minimum=0.0, maximum=1.0, exclusive_minimum=True, exclusive_maximum=True
+)
+_MAX_PIXELS_HELP = (
+    f"the most pixels (height x width) an image may have; larger files are refused before decoding "
+    f"(default {defaults.MAX_PIXELS:,}, Pillow's limit)"
+)
 
 
 def _pretrained_arg(value: str):
@@ -58,7 +75,8 @@ def _cmd_pretrained(args) -> int:
         entry = pretrained.get_entry(tag)
         classes = entry.num_classes or "no head"
         marker = "  (default)" if tag in default_tags else ""
-        print(f"{tag:<48} {entry.resolution:>4}px {classes!s:>7}  {entry.hub_repo}{marker}")
+        numerics = f"numerics {entry.numerics}"
+        print(f"{tag:<48} {entry.resolution:>4}px {classes!s:>7}  {numerics:<13}  {entry.hub_repo}{marker}")
     return 0
 
 
@@ -86,25 +104,78 @@ def _cmd_predict(args) -> int:
         )
     spec = Preprocessing.for_model(model)  # the checkpoint's, else the package default
     for path in args.images:
-        image = keras_vit.load_image(path, spec)
+        image = keras_vit.load_image(path, spec, max_pixels=args.max_pixels)
         probabilities = model.predict(keras_vit.preprocess_input(image[None], spec), verbose=0)
         print(path)
-        top = min(args.top or 5, probabilities.shape[-1])
+        top = min(5 if args.top is None else args.top, probabilities.shape[-1])
         for index, name, probability in keras_vit.decode_predictions(probabilities, top, model)[0]:
             print(f"  {probability:7.2%}  {index:>5}  {name}")
     return 0
 
 
-def _cmd_convert(args) -> int:
+def _convert_source(args):
+    """The model `convert` writes: SOURCE (a variant, a .keras file, a save_pretrained folder or
+    `hf-hub:` repo, or a checkpoint into --model), else --model with --weights."""
     import keras_vit
 
-    model = keras_vit.create_model(
-        args.model, args.weights, image_size=args.image_size, num_classes=args.num_classes
-    )
+    source = args.source
+    sizes = dict(image_size=args.image_size, num_classes=args.num_classes)
+    if source is None or source in keras_vit.VARIANTS:
+        return keras_vit.create_model(source or args.model, args.weights, **sizes)
+    if source.endswith(".keras"):
+        return keras_vit.load_model(source)
+    from keras_vit.sharing import METADATA_FILE
+
+    if source.startswith("hf-hub:") or os.path.isfile(os.path.join(source, METADATA_FILE)):
+        return keras_vit.load_pretrained(source)
+    return keras_vit.create_model(args.model, source, **sizes)
+
+
+def _cmd_convert(args) -> int:
+    model = _convert_source(args)
+    if args.to:
+        import keras_vit
+        from keras_vit.preprocessing import read_labels
+
+        labels = read_labels(args.labels) if args.labels else None
+        keras_vit.save_pretrained(model, args.output, args.to, labels=labels, overwrite=args.overwrite)
+        print(
+            f"wrote {args.output} ({model.name} in the {args.to} format, {model.count_params():,} parameters)"
+        )
+        return 0
+    if os.path.exists(args.output) and not args.overwrite:
+        raise FileExistsError(f"{args.output} already exists: pass --overwrite to replace it.")
     model.save(args.output)
     print(
         f"wrote {args.output} ({model.name}, input {model.input_shape}, {model.count_params():,} parameters)"
     )
+    return 0
+
+
+def _beside(source: str | None, name: str) -> str | None:
+    """`name` next to a .keras file (what keras-vit train writes there), if it exists."""
+    if not source or not source.endswith(".keras"):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(source)), name)
+    return path if os.path.isfile(path) else None
+
+
+def _cmd_push(args) -> int:
+    import keras_vit
+    from keras_vit.preprocessing import read_labels
+
+    model = _convert_source(args)
+    labels_file = args.labels or _beside(args.source, defaults.LABELS_FILE)
+    report = args.report or _beside(args.source, "report.json")
+    url = keras_vit.push_to_hub(
+        model,
+        args.repo_id,
+        args.format,
+        labels=read_labels(labels_file) if labels_file else None,
+        report=report,
+        private=args.private or None,
+    )
+    print(f"pushed {model.name} ({args.format} format) to {args.repo_id}: {url}")
     return 0
 
 
@@ -150,7 +221,7 @@ def _predict_saved_model(args) -> int:
         except tf.errors.InvalidArgumentError as error:
             raise ValueError(f"{path}: {_serving_error(error.message)}") from None
         exported_k = outputs["top_k_indices"].shape[-1]
-        top = args.top or min(5, exported_k)
+        top = min(5, exported_k) if args.top is None else args.top
         if top > exported_k:
             raise ValueError(
                 f"--top {args.top} is more than the {exported_k} classes the SavedModel returns: "
@@ -182,7 +253,18 @@ def _cmd_export(args) -> int:
         from keras_vit.preprocessing import read_labels
 
         labels = read_labels(labels_file)
-    top_k = args.top_k or min(5, int(model.output_shape[-1]))
+    if args.format != "saved_model":
+        write = keras_vit.export_onnx if args.format == "onnx" else keras_vit.export_litert
+        options = {"int8": True} if args.int8 else {}
+        if args.int8 and args.format != "litert":
+            raise ValueError("--int8 applies to --format litert (dynamic-range int8 weights).")
+        path = write(
+            model, args.export_dir, preprocessing=args.preprocessing, overwrite=args.overwrite, **options
+        )
+        size = os.path.getsize(path) / 2**20
+        print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}, {size:.1f} MiB)")
+        return 0
+    top_k = min(5, int(model.output_shape[-1])) if args.top_k is None else args.top_k
     path = keras_vit.export_serving(
         model,
         args.export_dir,
@@ -191,6 +273,7 @@ def _cmd_export(args) -> int:
         labels=labels,
         warmup=not args.no_warmup,
         overwrite=args.overwrite,
+        max_pixels=args.max_pixels,
     )
     found = f"; class names from {labels_file}" if labels_file and not args.labels else ""
     print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {top_k}{found})")
@@ -250,7 +333,7 @@ def _add_model_arguments(parser, default: str):
         ("--heads", "attention heads"),
         ("--mlp-dim", "MLP width"),
     ):
-        model.add_argument(flag, type=int, default=None, help=f"custom size: {text}")
+        model.add_argument(flag, type=_POSITIVE_INT, default=None, help=f"custom size: {text}")
     return model
 
 
@@ -260,30 +343,57 @@ def _add_data_and_length_arguments(parser, dataset_help: str, image_size_help: s
     dataset.add_argument("--dataset", default=defaults.DATASET, help=dataset_help)
     dataset.add_argument("--data-dir", default=None, help="tensorflow-datasets data_dir")
     dataset.add_argument("--train-split", default=defaults.TRAIN_SPLIT)
-    dataset.add_argument("--image-size", type=int, default=None, help=image_size_help)
+    dataset.add_argument("--image-size", type=_POSITIVE_INT, default=None, help=image_size_help)
     dataset.add_argument(
         "--flip",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="random horizontal flips (default: on, off for digits)",
     )
+    dataset.add_argument(
+        "--on-bad-image",
+        choices=defaults.BAD_IMAGE_ACTIONS,
+        default=defaults.BAD_IMAGE_ACTIONS[0],
+        help="an image folder's unreadable files: stop naming them (default), or skip them with a warning",
+    )
     schedule = parser.add_argument_group("optimisation")
-    schedule.add_argument("--batch-size", type=int, default=defaults.BATCH_SIZE, help="global batch")
+    schedule.add_argument(
+        "--batch-size", type=_POSITIVE_INT, default=defaults.BATCH_SIZE, help="global batch"
+    )
     length = schedule.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, default=None)
+    length.add_argument("--steps", type=_POSITIVE_INT, default=None)
     length.add_argument(
-        "--epochs", type=float, default=None, help=f"passes over the training data (default {default_epochs})"
+        "--epochs",
+        type=_POSITIVE_NUMBER,
+        default=None,
+        help=f"passes over the training data (default {default_epochs})",
     )
     schedule.add_argument(
-        "--steps-per-epoch", type=int, default=None, help="steps between backups (default: one pass, <= 1000)"
+        "--steps-per-epoch",
+        type=_POSITIVE_INT,
+        default=None,
+        help="steps between backups (default: one pass, <= 1000)",
     )
     schedule.add_argument(
         "--warmup-steps",
-        type=int,
+        type=_NON_NEGATIVE_INT,
         default=None,
         help=f"linear warm-up (default: {defaults.WARMUP_FRACTION * 100:.0f}%% of the steps, recipe-capped)",
     )
     return dataset, schedule
+
+
+def _steps_per_execution(text: str) -> int | str:
+    """`--steps-per-execution`: "auto" or a positive int."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
+    return value
 
 
 def _add_run_arguments(parser, output_dir: str, writes: str) -> None:
@@ -303,7 +413,13 @@ def _add_run_arguments(parser, output_dir: str, writes: str) -> None:
         default="auto",
         help="XLA-compile the train step (auto: on for a single replica)",
     )
-    run.add_argument("--seed", type=int, default=defaults.SEED)
+    run.add_argument(
+        "--steps-per-execution",
+        type=_steps_per_execution,
+        default=defaults.STEPS_PER_EXECUTION,
+        help=f"train steps per call (auto: epoch divisor <= {defaults.STEPS_PER_EXECUTION_CAP})",
+    )
+    run.add_argument("--seed", type=_NON_NEGATIVE_INT, default=defaults.SEED)
     run.add_argument(
         "--verbose", type=int, choices=(0, 1, 2), default=None, help="default: bar on a terminal"
     )
@@ -324,9 +440,11 @@ def _run_arguments(args) -> dict:
         strategy=args.strategy,
         precision=args.precision,
         jit_compile={"on": True, "off": False}.get(args.jit_compile, "auto"),
+        steps_per_execution=args.steps_per_execution,
         seed=args.seed,
         train_split=args.train_split,
         data_dir=args.data_dir,
+        on_bad_image=args.on_bad_image,
         verbose="auto" if args.verbose is None else args.verbose,
     )
 
@@ -347,10 +465,10 @@ def _add_training_parser(commands, name: str) -> None:
         default=finetune,
         help="checkpoint to start from: true (the variant's default), a catalog tag, a file or a hub repo id",
     )
-    model.add_argument("--dropout", type=float, default=defaults.DROPOUT)
+    model.add_argument("--dropout", type=_RATE, default=defaults.DROPOUT)
     model.add_argument(
         "--drop-path",
-        type=float,
+        type=_RATE,
         default=None,
         help=f"stochastic depth rate (default {defaults.SCRATCH_DROP_PATH} from scratch, 0 fine-tuning)",
     )
@@ -366,16 +484,21 @@ def _add_training_parser(commands, name: str) -> None:
     schedule.add_argument(
         "--learning-rate",
         "--lr",
-        type=float,
+        type=_POSITIVE_NUMBER,
         default=None,
         help=f"peak LR (default {defaults.SCRATCH_LEARNING_RATE:g}; "
         f"{defaults.FINETUNE_LEARNING_RATE:g} to fine-tune)",
     )
     schedule.add_argument(
-        "--weight-decay", type=float, default=defaults.WEIGHT_DECAY, help="AdamW decoupled weight decay"
+        "--weight-decay",
+        type=_NON_NEGATIVE_NUMBER,
+        default=defaults.WEIGHT_DECAY,
+        help="AdamW decoupled weight decay",
     )
-    schedule.add_argument("--label-smoothing", type=float, default=defaults.LABEL_SMOOTHING)
-    schedule.add_argument("--ema", type=float, default=None, help="Polyak averaging momentum, e.g. 0.9999")
+    schedule.add_argument("--label-smoothing", type=_RATE, default=defaults.LABEL_SMOOTHING)
+    schedule.add_argument(
+        "--ema", type=_MOMENTUM, default=None, help="Polyak averaging momentum, e.g. 0.9999"
+    )
     _add_run_arguments(parser, defaults.TRAIN_OUTPUT_DIR, "model.keras")
     parser.set_defaults(run=_cmd_train)
 
@@ -420,10 +543,10 @@ def _add_pretraining_parser(commands) -> None:
         help="3-bit mean colour (paper), 4x4 grid of 3-bit colours, or L2 on the patch pixels",
     )
     for flag, kind, default, text in (
-        ("--bits", int, defaults.MPP_BITS, "bits per channel of the colour targets"),
-        ("--corrupt-rate", float, defaults.MPP_CORRUPT_RATE, "share of patches corrupted per image"),
-        ("--mask-rate", float, defaults.MPP_MASK_RATE, "of those, share set to [mask]"),
-        ("--random-rate", float, defaults.MPP_RANDOM_RATE, "of those, share set to another patch"),
+        ("--bits", _POSITIVE_INT, defaults.MPP_BITS, "bits per channel of the colour targets"),
+        ("--corrupt-rate", _RATE_TO_ONE, defaults.MPP_CORRUPT_RATE, "share of patches corrupted per image"),
+        ("--mask-rate", _RATE_TO_ONE, defaults.MPP_MASK_RATE, "of those, share set to [mask]"),
+        ("--random-rate", _RATE_TO_ONE, defaults.MPP_RANDOM_RATE, "of those, share set to another patch"),
     ):
         task.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
     _, schedule = _add_data_and_length_arguments(
@@ -435,12 +558,15 @@ def _add_pretraining_parser(commands) -> None:
     schedule.add_argument(
         "--learning-rate",
         "--lr",
-        type=float,
+        type=_POSITIVE_NUMBER,
         default=defaults.PRETRAIN_LEARNING_RATE,
         help="peak LR (paper: 2e-4)",
     )
     schedule.add_argument(
-        "--weight-decay", type=float, default=defaults.PRETRAIN_WEIGHT_DECAY, help="> 0: AdamW on kernels"
+        "--weight-decay",
+        type=_NON_NEGATIVE_NUMBER,
+        default=defaults.PRETRAIN_WEIGHT_DECAY,
+        help="> 0: AdamW on kernels",
     )
     _add_run_arguments(parser, defaults.PRETRAIN_OUTPUT_DIR, "backbone.keras")
     parser.set_defaults(run=_cmd_pretrain)
@@ -479,7 +605,10 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
     predict.add_argument("--weights", type=_pretrained_arg, default=True, help=weights_help)
     predict.add_argument(
-        "--top", type=int, default=None, help="classes to show (default: 5, or all if fewer)"
+        "--top", type=_POSITIVE_INT, default=None, help="classes to show (default: 5, or all if fewer)"
+    )
+    predict.add_argument(
+        "--max-pixels", type=_POSITIVE_INT, default=defaults.MAX_PIXELS, help=_MAX_PIXELS_HELP
     )
     predict.add_argument(
         "--saved-model",
@@ -489,13 +618,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.set_defaults(run=_cmd_predict)
 
-    convert = commands.add_parser("convert", help="write a published checkpoint as a .keras model")
-    convert.add_argument("output", help="path of the .keras file to write")
+    convert = commands.add_parser(
+        "convert",
+        help="write a model as a .keras file, or with --to as a timm / transformers / Google checkpoint",
+    )
+    convert.add_argument(
+        "source",
+        nargs="?",
+        help="a variant, a .keras file, a save_pretrained folder, hf-hub:org/name, or a checkpoint to load "
+        "into --model (default: --model with --weights)",
+    )
+    convert.add_argument("output", help="the .keras file to write, or with --to the folder")
+    convert.add_argument(
+        "--to",
+        choices=("timm", "hf", "google_npz"),
+        help="write this published format (keras_vit.save_pretrained)",
+    )
+    convert.add_argument("--labels", help="with --to: a text file of class names, one per line in head order")
+    convert.add_argument(
+        "--overwrite", action="store_true", help="replace an existing file or non-empty folder"
+    )
     convert.add_argument("--model", default="vit_b16")
     convert.add_argument("--weights", type=_pretrained_arg, default=True, help=weights_help)
-    convert.add_argument("--image-size", type=int, default=None, help="resize the position embedding")
-    convert.add_argument("--num-classes", type=int, default=None, help="a new zero-initialised head")
+    convert.add_argument(
+        "--image-size", type=_POSITIVE_INT, default=None, help="resize the position embedding"
+    )
+    convert.add_argument(
+        "--num-classes", type=_POSITIVE_INT, default=None, help="a new zero-initialised head"
+    )
     convert.set_defaults(run=_cmd_convert)
+
+    push = commands.add_parser(
+        "push", help="upload a model to the Hugging Face Hub in a published format, with a model card"
+    )
+    push.add_argument(
+        "source",
+        help="a .keras file (its labels.txt and report.json are used), a save_pretrained folder, a variant, "
+        "or a checkpoint to load into --model",
+    )
+    push.add_argument("repo_id", help="the Hub repo, user/name (created if missing)")
+    push.add_argument("--format", choices=("timm", "hf", "google_npz"), default="timm")
+    push.add_argument("--model", default="vit_b16", help="the variant a checkpoint SOURCE loads into")
+    push.add_argument(
+        "--weights", type=_pretrained_arg, default=True, help="for a variant SOURCE: " + weights_help
+    )
+    push.add_argument("--labels", help="a text file of class names, one per line in head order")
+    push.add_argument("--report", help="a training run's report.json for the model card")
+    push.add_argument("--private", action="store_true", help="create the repo private")
+    push.set_defaults(run=_cmd_push, image_size=None, num_classes=None)
 
     inspection = commands.add_parser(
         "inspect", help="attention rollout, attention distance, position embeddings, filters as PNGs"
@@ -507,29 +677,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspection.add_argument("--out", default="inspection", help="folder for the PNGs (default: ./inspection)")
     inspection.add_argument(
-        "--discard-ratio", type=float, default=0.0, help="rollout: drop the weakest weights"
+        "--discard-ratio", type=_RATE, default=0.0, help="rollout: drop the weakest weights"
     )
     inspection.add_argument("--head-fusion", choices=defaults.HEAD_FUSIONS, default=defaults.HEAD_FUSIONS[0])
     inspection.set_defaults(run=_cmd_inspect)
 
     export = commands.add_parser(
-        "export", help="write a TF Serving SavedModel that takes raw images (preprocessing in the graph)"
+        "export",
+        help="write a TF Serving SavedModel that takes raw images (preprocessing in the graph), "
+        "or an ONNX or LiteRT file",
     )
-    export.add_argument("export_dir", help="TF Serving's model base path: writes EXPORT_DIR/VERSION")
+    export.add_argument(
+        "export_dir",
+        help="TF Serving's model base path: writes EXPORT_DIR/VERSION; with --format onnx|litert "
+        "the file to write",
+    )
+    export.add_argument(
+        "--format",
+        choices=("saved_model", "onnx", "litert"),
+        default="saved_model",
+        help="saved_model (TF Serving, default), onnx (a .onnx file) or litert (a .tflite file)",
+    )
+    export.add_argument(
+        "--preprocessing",
+        action="store_true",
+        help="onnx/litert: take uint8 pixels at the model's input size and normalise them in the graph",
+    )
+    export.add_argument(
+        "--int8", action="store_true", help="litert: int8 weights (dynamic-range quantization)"
+    )
     export.add_argument(
         "--model", default="vit_b16", help="a variant from `keras-vit models`, or a .keras file"
     )
     export.add_argument(
         "--weights", type=_pretrained_arg, default=None, help=weights_help + " (default: true)"
     )
-    export.add_argument("--version", type=int, default=1, help="the version directory (default: 1)")
     export.add_argument(
-        "--top-k", type=int, default=None, help="classes in the top_k_* outputs (default: 5, or all if fewer)"
+        "--version", type=_NON_NEGATIVE_INT, default=1, help="the version directory (default: 1)"
+    )
+    export.add_argument(
+        "--top-k",
+        type=_POSITIVE_INT,
+        default=None,
+        help="classes in the top_k_* outputs (default: 5, or all if fewer)",
     )
     export.add_argument(
         "--labels",
         help="a text file of class names, one per line in head order (any model; default: the catalog's "
         f"names, or the {defaults.LABELS_FILE} next to a .keras model, which keras-vit train writes)",
+    )
+    export.add_argument(
+        "--max-pixels",
+        type=_POSITIVE_INT,
+        default=defaults.MAX_PIXELS,
+        help=_MAX_PIXELS_HELP.replace("an image", "an image sent to serving_bytes"),
     )
     export.add_argument("--no-warmup", action="store_true", help="no TF Serving warm-up requests")
     export.add_argument("--overwrite", action="store_true", help="replace an existing version")
@@ -593,6 +794,7 @@ def _tensorflow_error(error: BaseException) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    enable_onednn()  # before TensorFlow is imported: fused CPU kernels (keras_vit.environment)
     if not args.debug:
         _quiet_logging()
         if getattr(args, "uses_tensorflow", True):

@@ -18,6 +18,10 @@ TEST_SPLIT = "test"
 SEED = 0
 DROPOUT = 0.0
 WARMUP_FRACTION = 0.1  # linear warm-up over this share of the steps, capped by the recipe's
+# Train steps per call into TensorFlow ("auto": the largest divisor of the epoch up to the cap).
+# Per-call work (callbacks, logs to the host) costs as much as a small model's step.
+STEPS_PER_EXECUTION = "auto"
+STEPS_PER_EXECUTION_CAP = 32
 
 # keras_vit.training.train / `keras-vit train` (the main job) and `finetune`.
 TRAIN_MODEL = "vit_digits"
@@ -49,3 +53,11 @@ MPP_BITS = 3
 MPP_CORRUPT_RATE = 0.5
 MPP_MASK_RATE = 0.8
 MPP_RANDOM_RATE = 0.1
+
+# The most pixels one image may have to be decoded (load_image, `keras-vit predict`, image folders,
+# the exported SavedModel's bytes signature): Pillow's own default, Image.MAX_IMAGE_PIXELS
+# (~9459 x 9459, 0.27 GB as uint8 RGB). A larger file is refused before it is decoded.
+MAX_PIXELS = 89_478_485
+# What a dataset folder's unreadable image files do (keras_vit.data.from_directory, --on-bad-image):
+# stop with their names (the default, first), or be left out with one warning.
+BAD_IMAGE_ACTIONS = ("stop", "skip")

@@ -30,6 +30,7 @@ decodes them (`decode_image`), so `serving_bytes` on a file sees the pixels `loa
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -39,10 +40,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.defaults import MAX_PIXELS
 from keras_vit.environment import install_hint, require_tensorflow_backend
 from keras_vit.preprocessing import LABEL_SETS, Preprocessing, imagenet1k_labels
 from keras_vit.pretrained import model_entry
 from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
+from keras_vit.validation import positive_int
 
 __all__ = [
     "BYTES_SIGNATURE",
@@ -51,6 +54,8 @@ __all__ = [
     "WARMUP_FILE",
     "ImagePreprocessing",
     "decode_image",
+    "export_litert",
+    "export_onnx",
     "export_serving",
     "image_preprocessing",
     "latest_version",
@@ -167,6 +172,57 @@ def _write_warmup(path: str, model_name: str, requests: dict[str, tuple[str, np.
             writer.write(log.SerializeToString())
 
 
+def _header_hw(data: tf.Tensor) -> tf.Tensor:
+    """`(height, width)` int64 from an encoded image's header (JPEG, PNG, GIF, BMP); `(0, 0)` if unknown.
+
+    Read before decoding, so a small file that declares a huge image is refused unread.
+    """
+
+    def number(offset: int, size: int, big_endian: bool) -> tf.Tensor:
+        digits = tf.cast(tf.io.decode_raw(tf.strings.substr(data, offset, size), tf.uint8), tf.int64)
+        weights = 256 ** tf.range(size, dtype=tf.int64)
+        return tf.reduce_sum(digits * (tf.reverse(weights, [0]) if big_endian else weights))
+
+    def signed(value: tf.Tensor) -> tf.Tensor:  # an unsigned 32-bit field read as int32
+        return tf.where(value >= 2**31, value - 2**32, value)
+
+    def prefix(signature: bytes) -> tf.Tensor:
+        return tf.strings.substr(data, 0, len(signature)) == signature
+
+    long_enough = tf.strings.length(data) >= 26
+    unknown = tf.zeros([2], tf.int64)
+    return tf.case(
+        [
+            (tf.io.is_jpeg(data), lambda: tf.cast(tf.image.extract_jpeg_shape(data)[:2], tf.int64)),
+            (
+                long_enough & prefix(b"\x89PNG\r\n\x1a\n"),
+                lambda: tf.stack([number(20, 4, True), number(16, 4, True)]),
+            ),
+            (long_enough & prefix(b"GIF8"), lambda: tf.stack([number(8, 2, False), number(6, 2, False)])),
+            (
+                long_enough & prefix(b"BM"),  # int32 fields; a negative height is a top-down bitmap
+                lambda: tf.abs(signed(tf.stack([number(22, 4, False), number(18, 4, False)]))),
+            ),
+        ],
+        default=lambda: unknown,
+        exclusive=False,
+    )
+
+
+def _assert_pixels(hw: tf.Tensor, max_pixels: int) -> tf.Operation:
+    """`tf.debugging.Assert` that `height * width <= max_pixels`, with a message saying what to do."""
+    hw = tf.cast(hw, tf.int64)
+    return tf.debugging.Assert(
+        hw[0] * hw[1] <= max_pixels,
+        [
+            f"image_bytes: the image has more than {max_pixels} pixels (height, width follow), the "
+            "limit of this export (export_serving's max_pixels): shrink it before sending it.",
+            hw[0],
+            hw[1],
+        ],
+    )
+
+
 def latest_version(path: str | os.PathLike) -> str:
     """The SavedModel TF Serving would serve from `path`: `path` itself if it is one, else its
     highest-numbered version directory."""
@@ -201,6 +257,7 @@ def export_serving(
     warmup: bool = True,
     model_name: str | None = None,
     overwrite: bool = False,
+    max_pixels: int = MAX_PIXELS,
 ) -> str:
     """Write `model` as the TF Serving SavedModel `export_dir/<version>/` and return that path.
 
@@ -218,6 +275,10 @@ def export_serving(
         warmup: write `assets.extra/tf_serving_warmup_requests` (needs tensorflow-serving-api).
         model_name: the model name in the warm-up requests, default the export directory's name.
         overwrite: replace an existing version directory.
+        max_pixels: the most pixels (height x width) an image sent to `serving_bytes` may have
+            (default `defaults.MAX_PIXELS`, Pillow's limit): checked from the file's header
+            before decoding (JPEG, PNG, GIF, BMP) and on the decoded image before resizing; a
+            larger one fails the request with a message saying so.
 
     The signatures and outputs are described in `keras_vit.export`. The version directory
     is written next to its final place and renamed into it, so a TF Serving instance
@@ -225,6 +286,7 @@ def export_serving(
     """
     require_tensorflow_backend("SavedModel export (keras_vit.export_serving)")
     export_dir = os.fspath(export_dir)
+    max_pixels = positive_int("max_pixels", max_pixels)
     target = _check_version_dir(export_dir, version, overwrite)
     output_shape = model.output_shape
     layer_names = {layer.name for layer in model.layers}
@@ -270,7 +332,12 @@ def export_serving(
         return outputs
 
     def decode(data: tf.Tensor) -> tf.Tensor:
-        return preprocessing.resize(decode_image(data, channels)[None])[0]
+        # The pixel limit is checked from the header before decoding, and on the decoded shape
+        # (formats without a parsed header, headers that lie) before the costly resize.
+        with tf.control_dependencies([_assert_pixels(_header_hw(data), max_pixels)]):
+            image = decode_image(data, channels)
+        with tf.control_dependencies([_assert_pixels(tf.shape(image)[:2], max_pixels)]):
+            return preprocessing.resize(image[None])[0]
 
     # Signatures do not check the shape of what they are fed (nor does TF Serving): each checks
     # its input first, so a wrong rank or size fails with a message naming the expected shape.
@@ -322,3 +389,135 @@ def export_serving(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+# ---- portable formats: ONNX and LiteRT --------------------------------------------------------
+
+PORTABLE_FORMATS = ("onnx", "litert")
+
+
+def _portable_model(model: keras.Model, preprocessing: bool) -> tuple[keras.Model, tf.TensorSpec]:
+    """`model`, or with `preprocessing` a wrapper that takes uint8 images at the model's input size
+    and normalises them in the graph (`(x / 255 - mean) / std`, the model's `Preprocessing`); and
+    the input spec of the exported graph, named `images`."""
+    shape = model.input_shape
+    if not isinstance(shape, tuple) or len(shape) != 4 or None in shape[1:]:
+        raise ValueError(
+            f"ONNX / LiteRT export needs one image input (batch, height, width, channels) of fixed size, got "
+            f"input shape {shape}: build the model with a fixed image_size."
+        )
+    height, width, channels = (int(side) for side in shape[1:])
+    if not preprocessing:
+        return model, tf.TensorSpec((None, height, width, channels), tf.float32, name="images")
+    spec = Preprocessing.for_model(model)
+    std = np.asarray(spec.std[:channels], dtype=np.float32)
+    scale = 1.0 / (255.0 * std)
+    offset = -np.asarray(spec.mean[:channels], dtype=np.float32) / std
+    images = keras.Input((height, width, channels), dtype="uint8", name="images")
+    pixels = keras.ops.cast(images, "float32") * scale + offset
+    wrapped = keras.Model(images, model(pixels), name=f"{model.name}_uint8")
+    return wrapped, tf.TensorSpec((None, height, width, channels), tf.uint8, name="images")
+
+
+@functools.lru_cache(maxsize=1)
+def _register_erfc_for_onnx() -> None:
+    """Teach tf2onnx `Erfc`, which TensorFlow's exact GELU computes and tf2onnx 1.17 cannot convert.
+
+    ONNX has `Erf` (opset 9+): `Erfc(x) = 1 - Erf(x)`, registered as a tf2onnx op handler.
+    """
+    from tf2onnx import utils
+    from tf2onnx.handler import tf_op
+
+    @tf_op("Erfc")
+    class Erfc:
+        @classmethod
+        def version_9(cls, ctx, node, **kwargs):
+            node.type = "Erf"
+            dtype = ctx.get_dtype(node.output[0])
+            one = ctx.make_const(
+                utils.make_name(f"{node.name}_one"), np.array(1, utils.map_onnx_to_numpy_type(dtype))
+            )
+            complement = ctx.insert_new_node_on_output(
+                "Sub",
+                node.output[0],
+                name=utils.make_name(f"{node.name}_complement"),
+                inputs=[one.output[0], node.output[0]],
+            )
+            ctx.set_dtype(complement.output[0], dtype)
+            ctx.copy_shape(node.output[0], complement.output[0])
+
+
+def _portable_target(path: str | os.PathLike, suffix: str, overwrite: bool) -> str:
+    path = os.fspath(path)
+    if not path.endswith(suffix):
+        raise ValueError(f"The output file should end in {suffix}, got {path!r}.")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a folder: give the path of the {suffix} file to write.")
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path} already exists: pass overwrite=True (--overwrite) to replace it.")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    return path
+
+
+def _write_atomically(path: str, write) -> str:
+    """`write(temporary path)` beside `path`, then renamed onto it: no half-written file is left."""
+    handle, staging = tempfile.mkstemp(
+        prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=os.path.dirname(os.path.abspath(path))
+    )
+    os.close(handle)
+    try:
+        write(staging)
+        os.replace(staging, path)
+    finally:
+        if os.path.exists(staging):
+            os.remove(staging)
+    return path
+
+
+def export_onnx(
+    model: keras.Model, path: str | os.PathLike, *, preprocessing: bool = False, overwrite: bool = False
+) -> str:
+    """Write `model` as an ONNX file (Keras's `model.export(format="onnx")`, tf2onnx); returns the path.
+
+    The graph takes `images`: float32 `(batch, H, W, C)` as the model does, or with
+    `preprocessing` uint8 pixels at the model's input size, normalised in the graph (resize and
+    crop stay outside: `keras_vit.load_image`). Its output is the model's (logits or
+    probabilities). Run it with `onnxruntime.InferenceSession(path)`.
+    """
+    require_tensorflow_backend("ONNX export (keras_vit.export_onnx)")
+    target = _portable_target(path, ".onnx", overwrite)
+    portable, spec = _portable_model(model, preprocessing)
+    try:
+        import tf2onnx  # noqa: F401
+    except ImportError as error:
+        raise ModuleNotFoundError(f"ONNX export needs tf2onnx and onnx: {install_hint('export')}.") from error
+    _register_erfc_for_onnx()
+    return _write_atomically(
+        target, lambda staging: portable.export(staging, format="onnx", input_signature=[spec], verbose=False)
+    )
+
+
+def export_litert(
+    model: keras.Model,
+    path: str | os.PathLike,
+    *,
+    preprocessing: bool = False,
+    int8: bool = False,
+    overwrite: bool = False,
+) -> str:
+    """Write `model` as a LiteRT (TFLite) file (Keras's `model.export(format="litert")`); returns the path.
+
+    Inputs and outputs as `export_onnx`. `int8` quantizes the weights to int8 (TFLite's
+    dynamic-range quantization, `tf.lite.Optimize.DEFAULT`: ~4x smaller, activations stay
+    float). Run it with `ai_edge_litert.interpreter.Interpreter(model_path=path)`.
+    """
+    require_tensorflow_backend("LiteRT export (keras_vit.export_litert)")
+    target = _portable_target(path, ".tflite", overwrite)
+    portable, spec = _portable_model(model, preprocessing)
+    options = {"optimizations": [tf.lite.Optimize.DEFAULT]} if int8 else {}
+    return _write_atomically(
+        target,
+        lambda staging: portable.export(
+            staging, format="litert", input_signature=[spec], verbose=False, **options
+        ),
+    )

@@ -9,12 +9,14 @@ shortcut (`conv_proj` + `gn_proj`) in the first unit of each stage. Stage `i` (f
 TensorFlow SAME padding (extra pad at the bottom/right), which is what both references use, so
 any image size works; `feature_map_size` gives the map that the patch embedding sees.
 
-Numerics (`ViTConfig.stem_numerics`) -- the two references differ slightly:
+Numerics (`ViTConfig.numerics`, see `keras_vit.variants.NUMERICS`) -- the references differ slightly:
 
-- `"timm"` (default): weights standardised as (w - mean) / sqrt(var + 1e-8), GroupNorm eps 1e-5
-  (timm's `StdConv2dSame(eps=1e-8)` and `GroupNormAct`). Logits match timm to ~1e-5.
+- `"timm"` (default) and `"hf"`: weights standardised as (w - mean) / sqrt(var + 1e-8), GroupNorm
+  eps 1e-5 (timm's `StdConv2dSame(eps=1e-8)` and `GroupNormAct`; transformers' BiT has the same).
+  Logits match timm to ~1e-5.
 - `"jax"`: (w - mean) / (std + 1e-5), GroupNorm eps 1e-6 (`models_resnet.StdConv` and Flax's
-  `nn.GroupNorm` defaults), i.e. the numerics the Google checkpoints were trained with.
+  `nn.GroupNorm` defaults), i.e. the numerics the Google checkpoints were trained with: what the
+  loaders pick for a Google `.npz`.
 
 Layers are named after the original parameters with a `resnet_` prefix (Keras names cannot
 contain "/"): `resnet_conv_root`, `resnet_gn_root`, and one `BottleneckUnit` per unit named
@@ -29,7 +31,7 @@ from typing import NamedTuple
 import keras
 from keras import ops
 
-from keras_vit.variants import ViTConfig
+from keras_vit.variants import NUMERICS, ViTConfig
 
 __all__ = [
     "STEM_NUMERICS",
@@ -56,9 +58,10 @@ class StemNumerics(NamedTuple):
     group_norm_epsilon: float
 
 
+# `ViTConfig.numerics` -> the stem's share of `keras_vit.variants.NUMERICS`.
 STEM_NUMERICS: dict[str, StemNumerics] = {
-    "timm": StemNumerics(1e-8, "variance", 1e-5),
-    "jax": StemNumerics(1e-5, "std", 1e-6),
+    name: StemNumerics(numerics.std_conv_epsilon, numerics.std_conv_epsilon_mode, numerics.group_norm_epsilon)
+    for name, numerics in NUMERICS.items()
 }
 
 
@@ -241,7 +244,7 @@ class BottleneckUnit(keras.layers.Layer):
 def _check_hybrid(config: ViTConfig) -> StemNumerics:
     if not config.is_hybrid:
         raise ValueError(f"{config.name} is not a hybrid: it has no ResNet stem (resnet_stages=None).")
-    return STEM_NUMERICS[config.stem_numerics]
+    return STEM_NUMERICS[config.numerics]
 
 
 def feature_map_size(config: ViTConfig, height: int, width: int) -> tuple[int, int]:

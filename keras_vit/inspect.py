@@ -2,8 +2,9 @@
 attention distance, position-embedding similarity and the principal components of the patch
 embedding filters.
 
-Everything works on any keras_vit model, plain or hybrid, at the resolution it was built for,
-without rebuilding it: `attention_weights` runs the model's own layers in order (the ResNet stem
+Everything works on any keras_vit model, plain or hybrid, with or without a [class] token
+(`class_token=False`: GAP and MAP models), at the resolution it was built for, without
+rebuilding it: `attention_weights` runs the model's own layers in order (the ResNet stem
 of a hybrid as a sub-model up to `patch_embed`, then `patch_embed`, `class_token`, `pos_embed`
 and every `TransformerBlock` with `return_attention_scores=True`, which returns the softmax
 weights the block multiplies the values by). Inference mode throughout: dropout off.
@@ -105,7 +106,8 @@ def _batches(images: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
 
 def attention_weights(model: keras.Model, images, *, batch_size: int = 8) -> list[np.ndarray]:
     """Every block's attention weights for `images`: a list (one per block) of float32 arrays
-    `(batch, heads, tokens, tokens)`, each row a softmax over the keys (token 0 is [class]).
+    `(batch, heads, tokens, tokens)`, each row a softmax over the keys (token 0 is [class] in a
+    model with a [class] token; all tokens are patches in a `class_token=False` model).
 
     `images` are the model's input, `(batch, H, W, C)` at its resolution, already normalised
     (`keras_vit.preprocess_input`). Runs `batch_size` images at a time; the result holds
@@ -185,6 +187,11 @@ def attention_rollout(
     The [class] row of `rollout(...)` over all blocks, restricted to the patch tokens, resized
     bilinearly from the patch grid to the input resolution and divided by its maximum: every
     map is non-negative with maximum 1. `images` as for `attention_weights`.
+
+    A model without a [class] token (`class_token=False`: GAP or MAP pooling) has no token
+    that reads out the image; its map is the mean of the rollout's rows over all patch tokens:
+    how much each input patch contributes to the average output token, which is what global
+    average pooling reads (for MAP pooling, the probe's own attention is not included).
     """
     _check_rollout_arguments(discard_ratio, head_fusion)
     layout = _layout(model)
@@ -195,7 +202,8 @@ def attention_rollout(
     maps = []
     for chunk in _batches(images, _check_batch_size(batch_size)):
         rolled = rollout(list(_block_attention(layout, chunk)), discard_ratio, head_fusion)
-        grid = rolled[:, 0, prefix:].reshape(-1, rows, columns, 1).astype("float32")
+        readout = rolled[:, 0, prefix:] if prefix else rolled.mean(axis=1)
+        grid = readout.reshape(-1, rows, columns, 1).astype("float32")
         maps.append(ops.convert_to_numpy(ops.image.resize(grid, (height, width), "bilinear"))[..., 0])
     maps = np.concatenate(maps, axis=0)
     return maps / np.maximum(maps.max(axis=(1, 2), keepdims=True), np.finfo("float32").tiny)

@@ -22,6 +22,7 @@ __all__ = [
     "MultiHeadSelfAttention",
     "TransformerBlock",
     "TokenPooling",
+    "MultiheadAttentionPooling",
 ]
 
 _PACKAGE = "keras_vit"
@@ -410,8 +411,9 @@ class TransformerBlock(keras.layers.Layer):
     """Pre-LayerNorm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (paper eq. 2-3).
 
     Attention is `MultiHeadSelfAttention`, whose kernels have the original checkpoints'
-    layout. The MLP is D -> `mlp_dim` -> D with exact (erf) GELU, applied to the tokens as
-    one `(batch * tokens, D)` matrix (one GEMM per layer). `dropout` follows every dense
+    layout. The MLP is D -> `mlp_dim` -> D with exact (erf) GELU, as timm and transformers, or
+    with `approximate_gelu` the tanh form of the original code's Flax `nn.gelu`; it is applied
+    to the tokens as one `(batch * tokens, D)` matrix (one GEMM per layer). `dropout` follows every dense
     layer but the query/key/value projections, as in the paper; `drop_path` is stochastic
     depth.
     """
@@ -424,6 +426,7 @@ class TransformerBlock(keras.layers.Layer):
         attention_dropout: float = 0.0,
         drop_path: float = 0.0,
         layer_norm_epsilon: float = LAYER_NORM_EPSILON,
+        approximate_gelu: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -433,6 +436,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout = float(attention_dropout)
         self.drop_path = float(drop_path)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.approximate_gelu = bool(approximate_gelu)
 
     def build(self, input_shape):
         hidden_size = input_shape[-1]
@@ -451,7 +455,7 @@ class TransformerBlock(keras.layers.Layer):
         self.norm2 = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="norm2"
         )
-        self.fc1 = keras.layers.Dense(self.mlp_dim, activation="gelu", name="fc1", **dense_init)
+        self.fc1 = keras.layers.Dense(self.mlp_dim, name="fc1", **dense_init)
         self.fc2 = keras.layers.Dense(hidden_size, name="fc2", **dense_init)
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=policy, name="dropout")
         self.drop_path_layer = DropPath(self.drop_path, dtype=policy, name="drop_path")
@@ -476,7 +480,8 @@ class TransformerBlock(keras.layers.Layer):
         tokens = tokens + self.drop_path_layer(attended, training=training)
 
         hidden = ops.reshape(self.norm2(tokens), (-1, tokens.shape[-1]))
-        hidden = self.dropout_layer(self.fc1(hidden), training=training)
+        hidden = ops.gelu(self.fc1(hidden), approximate=self.approximate_gelu)
+        hidden = self.dropout_layer(hidden, training=training)
         hidden = self.dropout_layer(self.fc2(hidden), training=training)
         tokens = tokens + self.drop_path_layer(ops.reshape(hidden, ops.shape(tokens)), training=training)
         return (tokens, scores) if return_attention_scores else tokens
@@ -493,6 +498,7 @@ class TransformerBlock(keras.layers.Layer):
             attention_dropout=self.attention_dropout,
             drop_path=self.drop_path,
             layer_norm_epsilon=self.layer_norm_epsilon,
+            approximate_gelu=self.approximate_gelu,
         )
         return config
 
@@ -521,4 +527,115 @@ class TokenPooling(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(mode=self.mode, num_prefix_tokens=self.num_prefix_tokens)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class MultiheadAttentionPooling(keras.layers.Layer):
+    """Multihead attention pooling (MAP): a learned probe token attends over the tokens, then a
+    residual MLP reads it out; `(batch, tokens, D)` -> `(batch, D)`.
+
+    The head of big_vision's `pool_type="map"` models (`MAPHead`) and timm's `global_pool="map"`
+    (`AttentionPoolLatent`): `x = attention(query=probe, key=value=tokens)`, then
+    `x + MLP(LayerNorm(x))`, token 0. Weights in the Flax layout, as `MultiHeadSelfAttention`:
+    `probe` `(1, 1, D)`; `query`, `key`, `value` kernels `(D, heads, D/heads)` with biases
+    `(heads, D/heads)`; `attention_output` `(heads, D/heads, D)`; `norm`; the MLP `fc1`
+    (D -> `mlp_dim`) and `fc2`, with exact GELU or, with `approximate_gelu`, the tanh form of
+    Flax's `nn.gelu`. The first `num_prefix_tokens` tokens (a [class] token) are left out, as
+    timm does. The softmax in at least float32; the output in the compute dtype.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        mlp_dim: int,
+        num_prefix_tokens: int = 0,
+        layer_norm_epsilon: float = LAYER_NORM_EPSILON,
+        approximate_gelu: bool = False,
+        probe_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.approximate_gelu = bool(approximate_gelu)
+        self.probe_initializer = keras.initializers.get(probe_initializer)
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        if hidden_size % self.num_heads:
+            raise ValueError(
+                f"{self.name}: hidden size {hidden_size} is not divisible by {self.num_heads} heads."
+            )
+        self.hidden_size, self.head_dim = hidden_size, hidden_size // self.num_heads
+        policy = self.dtype_policy
+        self.probe = self.add_weight(
+            name="probe", shape=(1, 1, hidden_size), initializer=self.probe_initializer
+        )
+        self.query_dense, self.key_dense, self.value_dense = (
+            keras.layers.EinsumDense(
+                "abc,cde->abde",
+                output_shape=(None, self.num_heads, self.head_dim),
+                bias_axes="de",
+                kernel_initializer="glorot_uniform",
+                dtype=policy,
+                name=name,
+            )
+            for name in ("query", "key", "value")
+        )
+        self.output_dense = keras.layers.EinsumDense(
+            "abcd,cde->abe",
+            output_shape=(None, hidden_size),
+            bias_axes="e",
+            kernel_initializer="glorot_uniform",
+            dtype=policy,
+            name="attention_output",
+        )
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, dtype=policy, name="norm"
+        )
+        dense_init = dict(
+            kernel_initializer="glorot_uniform",
+            bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),
+            dtype=policy,
+        )
+        self.fc1 = keras.layers.Dense(self.mlp_dim, name="fc1", **dense_init)
+        self.fc2 = keras.layers.Dense(hidden_size, name="fc2", **dense_init)
+        token_shape = (None, None, hidden_size)
+        for projection in (self.query_dense, self.key_dense, self.value_dense):
+            projection.build(token_shape)
+        self.output_dense.build((None, 1, self.num_heads, self.head_dim))
+        self.norm.build((None, 1, hidden_size))
+        self.fc1.build((None, 1, hidden_size))
+        self.fc2.build((None, 1, self.mlp_dim))
+
+    def call(self, tokens):
+        tokens = tokens[:, self.num_prefix_tokens :] if self.num_prefix_tokens else tokens
+        probe = ops.cast(self.probe, tokens.dtype)
+        probe = ops.broadcast_to(probe, (ops.shape(tokens)[0], 1, self.hidden_size))
+        query = ops.transpose(self.query_dense(probe), (0, 2, 1, 3))  # (batch, heads, 1, head_dim)
+        key = ops.transpose(self.key_dense(tokens), (0, 2, 3, 1))  # (batch, heads, head_dim, tokens)
+        value = ops.transpose(self.value_dense(tokens), (0, 2, 1, 3))  # (batch, heads, tokens, head_dim)
+        logits = ops.matmul(query * ops.cast(1.0 / np.sqrt(self.head_dim), query.dtype), key)
+        scores = ops.softmax(ops.cast(logits, _statistics_dtype(logits.dtype)), axis=-1)
+        context = ops.matmul(ops.cast(scores, value.dtype), value)  # (batch, heads, 1, head_dim)
+        pooled = self.output_dense(ops.transpose(context, (0, 2, 1, 3)))  # (batch, 1, D)
+        hidden = ops.gelu(self.fc1(self.norm(pooled)), approximate=self.approximate_gelu)
+        return (pooled + self.fc2(hidden))[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            num_prefix_tokens=self.num_prefix_tokens,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            approximate_gelu=self.approximate_gelu,
+            probe_initializer=keras.initializers.serialize(self.probe_initializer),
+        )
         return config

@@ -44,6 +44,7 @@ from keras_vit import defaults
 from keras_vit.defaults import MPP_TARGETS
 from keras_vit.models import ViT, build_vit
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
+from keras_vit.saving import load_model
 from keras_vit.variants import ViTConfig, config_of, model_config
 
 __all__ = [
@@ -474,7 +475,7 @@ def to_classifier(
     the blocks, as `build_vit`) replace the backbone's when given.
     """
     if isinstance(model, (str, os.PathLike)):
-        model = keras.saving.load_model(model)
+        model = load_model(model)  # a damaged file: one clear error naming it
     if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}.")
     backbone = model.backbone if isinstance(model, MaskedPatchPredictor) else _token_backbone(model)

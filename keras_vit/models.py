@@ -26,8 +26,15 @@ from collections.abc import Sequence
 import keras
 import numpy as np
 
-from keras_vit.layers import ClassToken, PatchEncoder, PositionEmbedding, TokenPooling, TransformerBlock
-from keras_vit.variants import VARIANTS, ViTConfig, get_config, list_models
+from keras_vit.layers import (
+    ClassToken,
+    MultiheadAttentionPooling,
+    PatchEncoder,
+    PositionEmbedding,
+    TokenPooling,
+    TransformerBlock,
+)
+from keras_vit.variants import NUMERICS, VARIANTS, ViTConfig, get_config, list_models
 
 __all__ = ["ViT", "build_vit", "classification_head", "create_model", "list_models", *VARIANTS]
 
@@ -35,7 +42,7 @@ _PACKAGE = "keras_vit"
 # The head's activation when the factories and `build_vit` are not told (keras.applications' default).
 DEFAULT_CLASSIFIER_ACTIVATION = "softmax"
 # The model's own keyword arguments; every other keyword of `build_vit` / `create_model` that
-# names a `ViTConfig` field (image_size, pooling, class_token, stem_numerics, ...) changes the config.
+# names a `ViTConfig` field (image_size, pooling, class_token, numerics, ...) changes the config.
 _MODEL_ARGUMENTS = (
     "num_classes",
     "include_top",
@@ -79,8 +86,10 @@ class ViT(keras.Model):
 
     Layout: [hybrids: the BiT ResNet `stem`] -> `patch_embed` -> `class_token` (if
     `config.class_token`) -> `pos_embed` -> `pos_dropout` -> `blocks` -> `encoder_norm` ->
-    `pool` (`config.pooling`; absent for `None`, which outputs the token sequence) ->
-    `pre_logits` (with `representation_size`) -> `head` (with `include_top`).
+    `pool` (`config.pooling`: `TokenPooling` for "token" / "gap", `MultiheadAttentionPooling`
+    for "map"; absent for `None`, which outputs the token sequence) -> `pre_logits` (with
+    `representation_size`) -> `head` (with `include_top`). With `config.fc_norm` the
+    `encoder_norm` follows the `pool` (timm's `fc_norm`).
 
     Args:
         config: the architecture, including `image_size`, `pooling` and `class_token`.
@@ -146,6 +155,7 @@ class ViT(keras.Model):
         tokens = PositionEmbedding(grid, num_prefix_tokens=config.num_prefix_tokens, name="pos_embed")(tokens)
         tokens = keras.layers.Dropout(_rate(dropout, "dropout"), name="pos_dropout")(tokens)
         drop_path_rates = np.linspace(0.0, _rate(drop_path_rate, "drop_path_rate"), config.depth)
+        numerics = NUMERICS[config.numerics]
         for index, rate in enumerate(drop_path_rates):
             tokens = TransformerBlock(
                 config.num_heads,
@@ -153,11 +163,18 @@ class ViT(keras.Model):
                 dropout=dropout,
                 attention_dropout=_rate(attention_dropout, "attention_dropout"),
                 drop_path=float(rate),
+                layer_norm_epsilon=numerics.layer_norm_epsilon,
+                approximate_gelu=numerics.approximate_gelu,
                 name=f"block_{index}",
             )(tokens)
-        outputs = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(tokens)
+        encoder_norm = keras.layers.LayerNormalization(
+            epsilon=numerics.layer_norm_epsilon, name="encoder_norm"
+        )
+        outputs = tokens if config.fc_norm else encoder_norm(tokens)
         if config.pooling is not None:
-            outputs = TokenPooling(config.pooling, config.num_prefix_tokens, name="pool")(outputs)
+            outputs = _pooling_layer(config)(outputs)
+            if config.fc_norm:
+                outputs = encoder_norm(outputs)
             if representation_size:
                 outputs = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(
                     outputs
@@ -216,7 +233,7 @@ class ViT(keras.Model):
         return self.get_layer("encoder_norm")
 
     @property
-    def pool(self) -> TokenPooling | None:
+    def pool(self) -> TokenPooling | MultiheadAttentionPooling | None:
         return self._optional_layer("pool")
 
     @property
@@ -232,18 +249,80 @@ class ViT(keras.Model):
         """`(height, width, channels)` of the input."""
         return (*self.config.image_hw, self.channels)
 
+    # --- input check ---------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        self._check_images(args[0] if args else kwargs.get("inputs"))
+        return super().__call__(*args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        """`keras.Model.predict`, with the input shape checked first (`_check_images`)."""
+        self._check_images(x)
+        return super().predict(x, *args, **kwargs)
+
+    def _check_images(self, images) -> None:
+        """Refuse images whose known shape cannot be this model's input, saying what to do.
+
+        Keras's own input check lets some wrong shapes through to the patch reshape or the
+        hybrid stem (deep TensorFlow errors), and on JAX a failed `predict` leaves the model's
+        predict function broken; this check runs first, on the static shape of an array,
+        tensor or `tf.data.Dataset` element (unknown dimensions pass).
+        """
+        if hasattr(images, "element_spec"):  # a tf.data.Dataset of images or (images, ...) tuples
+            spec = images.element_spec
+            images = spec[0] if isinstance(spec, tuple) else spec
+        try:
+            shape = tuple(None if size is None else int(size) for size in images.shape)
+        except (AttributeError, TypeError, ValueError):  # no shape, or of unknown rank: nothing to check
+            return
+        height, width, channels = self.image_shape
+        if channels == 1 and len(shape) == 3:
+            shape = (*shape, 1)  # Keras adds the channel axis of a grayscale batch
+        expected = (None, height, width, channels)
+        if len(shape) == 4 and all(
+            got in (None, want) or want is None for got, want in zip(shape, expected, strict=True)
+        ):
+            return
+        if len(shape) != 4:
+            advice = "a single image needs a batch axis (images[None]), grayscale a channel axis"
+        elif shape[3] not in (None, channels):
+            advice = (
+                f"convert the images (grayscale to RGB: np.repeat(images, 3, axis=-1)), or build the "
+                f"model with channels={shape[3]} (pretrained patch kernels are adapted to it)"
+            )
+        else:
+            advice = (
+                f"resize them to {height}x{width} (keras_vit.load_image(path, model) does it), or build "
+                f"the model for that size: create_model(..., image_size=({shape[1]}, {shape[2]})) "
+                "resizes the position embedding"
+            )
+        raise ValueError(
+            f"{self.name} takes images of shape (batch, {height}, {width}, {channels}), got shape "
+            f"{shape}: {advice}."
+        )
+
     # --- views and copies ----------------------------------------------------------------------
     def token_model(self) -> keras.Model:
-        """A view (same weights) that returns the token sequence after the final LayerNorm."""
-        return keras.Model(self.input, self.encoder_norm.output, name=f"{self.name}_tokens")
+        """A view (same weights) that returns the token sequence after the final LayerNorm.
+
+        With `config.fc_norm` (the LayerNorm follows the pooling) the last block's output, as
+        timm's `forward_features` returns it.
+        """
+        tokens = self.blocks[-1].output if self.config.fc_norm else self.encoder_norm.output
+        return keras.Model(self.input, tokens, name=f"{self.name}_tokens")
 
     def feature_model(self) -> keras.Model:
         """A view (same weights) that returns the pre-head representation `(batch, D)`.
 
-        The pre-logits output if any, else the pooled tokens, else (pooling `None`) token 0.
+        The pre-logits output if any, else the pooled tokens, else (pooling `None`) token 0, or
+        without a [class] token the mean of the tokens.
         """
-        layer = self.pre_logits or self.pool
-        features = layer.output if layer is not None else self.encoder_norm.output[:, 0]
+        layer = self.pre_logits or (self.encoder_norm if self.config.fc_norm else self.pool)
+        if layer is not None:
+            features = layer.output
+        elif self.config.class_token:
+            features = self.encoder_norm.output[:, 0]
+        else:
+            features = keras.ops.mean(self.encoder_norm.output, axis=1)
         return keras.Model(self.input, features, name=f"{self.name}_features")
 
     def rebuild(self, *, copy_head: bool = True, **changes) -> ViT:
@@ -342,6 +421,21 @@ class ViT(keras.Model):
         return cls(**config)
 
 
+def _pooling_layer(config: ViTConfig) -> keras.layers.Layer:
+    """The `pool` layer of `config.pooling`: the [class] token or the patch mean, or attention pooling."""
+    if config.pooling == "map":
+        numerics = NUMERICS[config.numerics]
+        return MultiheadAttentionPooling(
+            config.num_heads,
+            config.mlp_dim,
+            num_prefix_tokens=config.num_prefix_tokens,
+            layer_norm_epsilon=numerics.layer_norm_epsilon,
+            approximate_gelu=numerics.approximate_gelu,
+            name="pool",
+        )
+    return TokenPooling(config.pooling, config.num_prefix_tokens, name="pool")
+
+
 @contextlib.contextmanager
 def _frozen_gc():
     """Objects that exist now are left out of garbage collections until the block ends (`gc.freeze`)."""
@@ -353,15 +447,21 @@ def _frozen_gc():
 
 
 def copy_weights(source: keras.Model, target: keras.Model, skip: Sequence[str] = ()) -> None:
-    """Copy every layer's weights from `source` to the same-named layer of `target` where shapes agree."""
+    """Copy every layer's weights from `source` to the same-named layer of `target` where shapes agree.
+
+    All values are read before the first is assigned, so an error leaves `target` unchanged.
+    """
     source_layers = {layer.name: layer for layer in source.layers}
+    copies = []
     for layer in target.layers:
         other = source_layers.get(layer.name)
         if other is None or layer.name in skip or not layer.weights:
             continue
         values = other.get_weights()
         if [value.shape for value in values] == [tuple(weight.shape) for weight in layer.weights]:
-            layer.set_weights(values)
+            copies.append((layer, values))
+    for layer, values in copies:
+        layer.set_weights(values)
 
 
 def _split_arguments(config: ViTConfig, kwargs: dict) -> tuple[ViTConfig, dict]:
@@ -398,6 +498,7 @@ def create_model(
     include_top: bool | None = None,
     representation_size: int | None = None,
     name: str | None = None,
+    pos_embed_interpolation: str | None = None,
     **kwargs,
 ) -> ViT:
     """Build the ViT variant `variant` (see `list_models()`), optionally with published weights.
@@ -423,23 +524,42 @@ def create_model(
         representation_size: adds the pre-logits Dense+tanh layer of the original ImageNet-21k
             checkpoints with this width; loaded from a checkpoint that has one, `0` drops it.
         name: model name, defaults to the variant's (or the checkpoint's tag).
+        pos_embed_interpolation: how a checkpoint's position embedding is resampled to another
+            `image_size` (`keras_vit.pos_embed.POS_EMBED_INTERPOLATIONS`): `"jax"` (the original
+            code's `scipy.ndimage.zoom(order=1)`), `"timm"` (antialiased bicubic) or `"hf"`
+            (bicubic); default the checkpoint source's: `"jax"` for Google `.npz`, `"timm"` else.
         **kwargs: `ViT` arguments (`dropout`, `attention_dropout`, `drop_path_rate`,
             `classifier_activation`, `channels`) and `ViTConfig` fields to change: `pooling`
-            (`"token"`, the paper's default; `"gap"`; `None` for the token sequence),
-            `class_token`, `stem_numerics`. `classifier_activation` defaults to `"softmax"`, as
-            in keras.applications: the model outputs probabilities; `None` gives logits.
+            (`"token"`, the paper's default; `"gap"`; `"map"`, attention pooling; `None` for
+            the token sequence), `class_token` (`False`: no [class] token; with pooling
+            `"gap"`, `"map"` or `None`), `fc_norm`, `numerics` (`"timm"`, `"jax"`, `"hf"`: see
+            `keras_vit.variants.NUMERICS`; default the checkpoint source's: `"jax"` for a Google
+            `.npz`, `"timm"` for timm, `"hf"` for transformers, else `"timm"`). A checkpoint's token layout
+            (`class_token`, `pooling`, `fc_norm`: `keras_vit.inspect_checkpoint(...).layout`)
+            is taken where these are not given. `classifier_activation` defaults to
+            `"softmax"`, as in keras.applications: the model outputs probabilities; `None`
+            gives logits.
 
     Inputs are images `(batch, height, width, channels)` already normalised as the weights
     expect: for all Google-trained checkpoints that is [-1, 1] (`keras_vit.preprocess_input`).
     """
     config = variant if isinstance(variant, ViTConfig) else get_config(variant)
-    config, arguments = _split_arguments(config, dict(kwargs))
-    arguments.setdefault("classifier_activation", DEFAULT_CLASSIFIER_ACTIVATION)
+    kwargs = dict(kwargs)
     checkpoint = None
+    if pos_embed_interpolation is not None and (pretrained is False or pretrained is None):
+        raise ValueError(
+            "pos_embed_interpolation resamples a checkpoint's position embedding: it needs pretrained=."
+        )
     if pretrained is not False and pretrained is not None:
         from keras_vit.pretrained import resolve_pretrained
 
+        _split_arguments(config, dict(kwargs))  # argument errors before any download
         checkpoint = resolve_pretrained(pretrained, config.name if config.name in VARIANTS else None)
+        _take_layout(kwargs, checkpoint.info.layout)
+        kwargs.setdefault("numerics", checkpoint.numerics)
+    config, arguments = _split_arguments(config, kwargs)
+    arguments.setdefault("classifier_activation", DEFAULT_CLASSIFIER_ACTIVATION)
+    if checkpoint is not None:
         image_size, num_classes, include_top, representation_size = checkpoint.model_arguments(
             config, image_size, num_classes, include_top, representation_size
         )
@@ -455,8 +575,22 @@ def create_model(
         **arguments,
     )
     if checkpoint is not None:
-        checkpoint.load_into(model)
+        checkpoint.load_into(model, pos_embed_interpolation=pos_embed_interpolation)
     return model
+
+
+def _take_layout(kwargs: dict, layout: dict) -> None:
+    """Fill the token layout arguments the caller left out from a checkpoint's (`CheckpointInfo.layout`).
+
+    `class_token` unless given; `pooling` unless given, if the [class] token agrees with the
+    checkpoint's (else the loader names the layout that fits); `fc_norm` (a LayerNorm after
+    average pooling) unless given, for `"gap"` pooling.
+    """
+    kwargs.setdefault("class_token", layout["class_token"])
+    if kwargs["class_token"] == layout["class_token"]:
+        kwargs.setdefault("pooling", layout["pooling"])
+    if kwargs.get("pooling") == "gap":
+        kwargs.setdefault("fc_norm", layout["fc_norm"])
 
 
 def _factory(variant: str):

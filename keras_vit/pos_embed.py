@@ -1,8 +1,14 @@
-"""2-D resampling of position embeddings, numerically identical to PyTorch's `F.interpolate`.
+"""2-D resampling of position embeddings, numerically identical to each reference's own.
 
 TensorFlow's bicubic kernel uses a = -0.5 where PyTorch's uses a = -0.75, and TF has no
 antialiased upsampling that matches PyTorch's, so the interpolation is written here as two
-separable 1-D weight matrices (rows = output pixels) that reproduce PyTorch exactly.
+separable 1-D weight matrices (rows = output pixels) that reproduce PyTorch's `F.interpolate`
+exactly (timm, transformers), and, with `method="zoom"`, `scipy.ndimage.zoom(grid, zoom,
+order=1)`: the original code's resampling (vision_transformer `checkpoint.py`
+`load_pretrained`, big_vision `resample_posemb`), linear with corner-aligned sampling, i.e.
+output pixel `o` reads input position `o * (n_in - 1) / (n_out - 1)`.
+
+`POS_EMBED_INTERPOLATIONS` names each reference's recipe, for the loaders' `pos_embed_interpolation`.
 """
 
 from __future__ import annotations
@@ -12,9 +18,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["resize_pos_embed", "interpolation_matrix"]
+__all__ = ["POS_EMBED_INTERPOLATIONS", "resize_pos_embed", "interpolation_matrix"]
 
-_METHODS = ("bicubic", "bilinear")
+_METHODS = ("bicubic", "bilinear", "zoom")
+# A reference's resampling -> `resize_pos_embed(method=..., antialias=...)`.
+POS_EMBED_INTERPOLATIONS: dict[str, dict] = {
+    # the original code: scipy.ndimage.zoom(order=1) (vision_transformer and big_vision)
+    "jax": {"method": "zoom", "antialias": False},
+    # timm's `resample_abs_pos_embed` defaults, as its `checkpoint_filter_fn` loads checkpoints
+    "timm": {"method": "bicubic", "antialias": True},
+    # transformers' `interpolate_pos_encoding`
+    "hf": {"method": "bicubic", "antialias": False},
+}
 
 
 def _cubic(x: np.ndarray, a: float) -> np.ndarray:
@@ -50,6 +65,24 @@ def _plain_matrix(size_in: int, size_out: int, method: str) -> np.ndarray:
     return matrix
 
 
+def _zoom_matrix(size_in: int, size_out: int) -> np.ndarray:
+    """`scipy.ndimage.zoom(order=1)` along one axis: corner-aligned linear interpolation.
+
+    scipy samples input position `o * (size_in - 1) / (size_out - 1)` (position 0 for one
+    output pixel); the positions stay inside the input, so its boundary mode never applies.
+    """
+    step = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    src = np.arange(size_out) * step
+    low = np.minimum(np.floor(src).astype(int), size_in - 1)
+    frac = src - low
+    high = np.minimum(low + 1, size_in - 1)
+    matrix = np.zeros((size_out, size_in))
+    rows = np.arange(size_out)
+    np.add.at(matrix, (rows, low), 1.0 - frac)
+    np.add.at(matrix, (rows, high), frac)
+    return matrix
+
+
 def _antialiased_matrix(size_in: int, size_out: int, method: str) -> np.ndarray:
     """PyTorch's antialiased kernel (PIL's algorithm): a stretched, renormalised filter."""
     scale = size_in / size_out
@@ -71,9 +104,14 @@ def _antialiased_matrix(size_in: int, size_out: int, method: str) -> np.ndarray:
 def interpolation_matrix(
     size_in: int, size_out: int, method: str = "bicubic", antialias: bool = True
 ) -> np.ndarray:
-    """The (size_out, size_in) matrix that resamples one axis like `torch.nn.functional.interpolate`."""
+    """The (size_out, size_in) matrix that resamples one axis like `torch.nn.functional.interpolate`.
+
+    `method="zoom"` is `scipy.ndimage.zoom(order=1)` instead (`antialias` does not apply).
+    """
     if method not in _METHODS:
         raise ValueError(f"Unknown interpolation method {method!r}; use one of {_METHODS}.")
+    if method == "zoom":
+        return _zoom_matrix(size_in, size_out)
     if antialias:
         return _antialiased_matrix(size_in, size_out, method)
     return _plain_matrix(size_in, size_out, method)
@@ -103,8 +141,10 @@ def resize_pos_embed(
     `(height, width)`); the `num_prefix_tokens` leading tokens ([class] token) are kept as
     they are. The old grid is taken as square unless `old_grid` is given. With the defaults
     (bicubic, antialias) the result equals timm's `resample_abs_pos_embed`; Hugging Face's
-    `interpolate_pos_encoding` is `method="bicubic", antialias=False`. Computed in float64,
-    returned in the input's dtype.
+    `interpolate_pos_encoding` is `method="bicubic", antialias=False`; `method="zoom"` is the
+    original code's `scipy.ndimage.zoom(grid, (new_h / old_h, new_w / old_w, 1), order=1)`
+    (any grid; the original code resizes square ones). Computed in float64, returned in the
+    input's dtype.
     """
     array = np.asarray(pos_embed)
     squeeze = array.ndim == 2

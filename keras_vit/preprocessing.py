@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,13 +40,24 @@ from importlib import resources
 
 import numpy as np
 
+from keras_vit.defaults import MAX_PIXELS
+from keras_vit.validation import (
+    ImageTooLargeError,
+    as_uint8_pixels,
+    check_pixel_count,
+    optional,
+    positive_int,
+)
+
 __all__ = [
     "DEFAULT_CROP_PCT",
     "DEFAULT_INTERPOLATION",
     "GOOGLE_MEAN",
     "GOOGLE_STD",
     "INTERPOLATIONS",
+    "MAX_PIXELS",
     "RESAMPLERS",
+    "ImageTooLargeError",
     "Preprocessing",
     "as_spec",
     "decode_predictions",
@@ -241,24 +253,32 @@ def normalize(images, mean=GOOGLE_MEAN, std=GOOGLE_STD) -> np.ndarray:
     TensorFlow implementation looks uint8 pixels up in a table this function computes, so the
     two agree exactly.
     """
-    images = np.asarray(images, dtype="float32") / 255.0
+    images = np.array(images, dtype="float32")  # a copy, normalised in place: no temporaries
     channels = images.shape[-1]
-    mean = np.resize(np.asarray(mean, dtype="float32"), channels)
-    std = np.resize(np.asarray(std, dtype="float32"), channels)
-    return (images - mean) / std
+    images /= 255.0
+    images -= np.resize(np.asarray(mean, dtype="float32"), channels)
+    images /= np.resize(np.asarray(std, dtype="float32"), channels)
+    return images
 
 
 def _check_pixel_range(images: np.ndarray) -> None:
     """Refuse inputs that are not in [0, 255] or look already scaled, the usual silent bug."""
-    if images.dtype == bool or not np.issubdtype(images.dtype, np.number):
+    if images.dtype == bool or not np.issubdtype(images.dtype, np.number) or np.iscomplexobj(images):
         raise TypeError(f"preprocess_input expects numeric pixel values, got dtype {images.dtype}.")
     if images.size == 0:
         return
+    if np.issubdtype(images.dtype, np.floating) and not np.isfinite(images).all():
+        raise ValueError("preprocess_input got NaN or infinite pixel values: they are no image.")
     low, high = float(images.min()), float(images.max())
-    if low < 0 or high > 255:
+    if low < 0:
         raise ValueError(
             f"preprocess_input expects pixel values in [0, 255], got [{low:g}, {high:g}]: negative "
             "values mean the images are already normalised (feed them to the model as they are)."
+        )
+    if high > 255:
+        raise ValueError(
+            f"preprocess_input expects pixel values in [0, 255], got [{low:g}, {high:g}]: 16-bit "
+            "images need reducing to 8 bits first (load_image does it: uint16 values >> 8)."
         )
     if np.issubdtype(images.dtype, np.floating) and 0 < high <= 1:
         raise ValueError(
@@ -268,17 +288,51 @@ def _check_pixel_range(images: np.ndarray) -> None:
         )
 
 
-def _as_picture(image):
-    """A path, PIL image or `(H, W, C)` array as an RGB PIL image."""
+def _open(path, name: str):
+    """`Image.open(path)` (which reads only the header), with Pillow's bomb check as our error."""
     from PIL import Image
 
+    with warnings.catch_warnings():  # over Pillow's own limit: our check below says it better
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            return Image.open(path)
+        except Image.DecompressionBombError as error:
+            raise ImageTooLargeError(
+                f"Image {name}: {error} Raise PIL.Image.MAX_IMAGE_PIXELS as well as max_pixels if you "
+                "trust the file."
+            ) from None
+
+
+def _as_picture(image, max_pixels: int | None = MAX_PIXELS):
+    """A path, open file, PIL image or array as an RGB PIL image, its size checked before decoding.
+
+    Arrays follow `keras_vit.validation.as_uint8_pixels` (uint16 is 16-bit; floats in
+    [0, 255]); 16-bit grayscale files (Pillow mode `I;16`) keep their high byte, as TensorFlow
+    decodes them; other 32-bit modes (`I`, `F`) are refused rather than clipped.
+    """
+    from PIL import Image
+
+    name = "image"
     if isinstance(image, Image.Image):
         picture = image
-    elif isinstance(image, np.ndarray):
-        picture = Image.fromarray(np.asarray(image, dtype="uint8"))
+    elif isinstance(image, (str, os.PathLike)) or hasattr(image, "read"):  # a path or an open file
+        name = repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else "file"
+        picture = _open(image, name)
     else:
-        picture = Image.open(image)
-    return picture.convert("RGB")
+        pixels = as_uint8_pixels("image", image)
+        picture = Image.fromarray(pixels[..., 0] if pixels.ndim == 3 and pixels.shape[-1] == 1 else pixels)
+    check_pixel_count(f"Image {name}", picture.height, picture.width, max_pixels)
+    try:
+        if picture.mode.startswith("I;16") or (picture.mode == "I" and picture.format == "PNG"):
+            picture = Image.fromarray((np.asarray(picture).astype("int64") >> 8).clip(0, 255).astype("uint8"))
+        elif picture.mode in ("I", "F"):
+            raise ValueError(
+                f"Image {name} has 32-bit {'float' if picture.mode == 'F' else 'integer'} pixels (Pillow "
+                f"mode {picture.mode}), which have no single mapping to 8 bits: convert it to an 8-bit image."
+            )
+        return picture.convert("RGB")
+    except OSError as error:  # a truncated or corrupt file, found while decoding
+        raise OSError(f"Image {name} could not be decoded: {error}.") from None
 
 
 def resized_size(height: int, width: int, spec: Preprocessing) -> tuple[int, int]:
@@ -309,8 +363,10 @@ def load_image(
     image_size=224,
     crop_pct: float | None = UNSET,
     interpolation: str = UNSET,
+    *,
+    max_pixels: int | None = MAX_PIXELS,
 ) -> np.ndarray:
-    """Read an image (path, PIL image or `(H, W, C)` array), resized and cropped as a spec says.
+    """Read an image (path, PIL image or `(H, W[, C])` array), resized and cropped as a spec says.
 
     `image_size`: a `Preprocessing` spec, a model or a full catalog tag (its spec,
     `Preprocessing.for_model`), or an int / `(height, width)`: the package default spec at that
@@ -320,11 +376,19 @@ def load_image(
     (two rounded passes, `_pillow_resize`). Returns RGB uint8 `(h, w, 3)`, ready for
     `preprocess_input`; `keras_vit.data.eval_pipeline` and the exported SavedModel give the
     same pixels for the same spec.
+
+    Pixels: arrays are read by `keras_vit.validation.as_uint8_pixels` (uint8 as is; uint16 as
+    16-bit, high byte kept; other integers and floats must lie in [0, 255], floats all within
+    [0, 1] are refused as scaled); 16-bit files keep their high byte, as TensorFlow decodes
+    them. `max_pixels` (default `defaults.MAX_PIXELS`, Pillow's limit; `None`: none) bounds
+    the image's height x width, checked from the file's header before decoding:
+    `ImageTooLargeError` (a `ValueError`) above it.
     """
     from PIL import Image
 
     spec = as_spec(image_size, crop_pct=crop_pct, interpolation=interpolation)
-    picture = _as_picture(image)
+    max_pixels = optional(positive_int, "max_pixels", max_pixels)
+    picture = _as_picture(image, max_pixels)
     if spec.resampler == "tensorflow":
         from keras_vit.tf_preprocessing import ImagePreprocessing
 
@@ -359,9 +423,26 @@ def preprocess_input(images, tag_or_model=None) -> np.ndarray:
     saving); `None` or any other model gets the package default normalisation
     (mean = std = 0.5, output in [-1, 1]) that every catalog checkpoint uses. Negative values,
     values above 255, or floats within [0, 1] raise `ValueError`: they mean the images are
-    already scaled. Returns a float32 NumPy array (`normalize`).
+    already scaled, and so do NaN or infinite values. A 2-D array is one grayscale image
+    `(H, W)`: its channel is repeated to the model's channels (3 unless `tag_or_model` is a
+    model built with others). The last axis must be the channels: 1, 3 or the model's count.
+    Returns a float32 NumPy array (`normalize`; its memory is the output's, no temporaries).
     """
     images = np.asarray(images)
+    channels = getattr(tag_or_model, "channels", 3)
+    if images.ndim < 2:
+        raise ValueError(
+            f"preprocess_input expects images (..., H, W, C) or one grayscale image (H, W), got shape "
+            f"{images.shape}."
+        )
+    if images.ndim == 2:
+        images = np.repeat(images[..., None], channels, axis=-1)
+    elif images.shape[-1] not in {1, 3, channels}:
+        raise ValueError(
+            f"preprocess_input expects channels last (1 or {channels}), got shape {images.shape} whose "
+            f"last axis is {images.shape[-1]}: for grayscale images (N, H, W) add a channel axis, "
+            "images[..., None]; channels-first images need np.moveaxis(images, -3, -1)."
+        )
     _check_pixel_range(images)
     mean, std = _mean_std(tag_or_model)
     return normalize(images, mean, std)

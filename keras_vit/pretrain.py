@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import data, defaults, recipes, runs
-from keras_vit.defaults import MPP_TARGETS
+from keras_vit import validation as check
+from keras_vit.defaults import BAD_IMAGE_ACTIONS, MPP_TARGETS
 from keras_vit.masked_patch import (
     MaskedPatchPredictor,
     PatchCorruption,
@@ -51,7 +52,9 @@ class PretrainingResult:
     report: dict
 
 
-def _train_source(dataset, train_split: str, data_dir: str | os.PathLike | None) -> tuple[data.Source, bool]:
+def _train_source(
+    dataset, train_split: str, data_dir: str | os.PathLike | None, on_bad_image: str = BAD_IMAGE_ACTIONS[0]
+) -> tuple[data.Source, bool]:
     """The unlabeled training images as a `data.Source`, and whether they are the digits."""
     if isinstance(dataset, data.Source):
         return dataset, False
@@ -66,7 +69,7 @@ def _train_source(dataset, train_split: str, data_dir: str | os.PathLike | None)
         if os.path.isdir(os.path.join(path, "train")):
             path = os.path.join(path, "train")
         try:
-            return data.from_directory(path), False
+            return data.from_directory(path, on_bad_image=on_bad_image), False
         except ValueError as error:
             raise ValueError(
                 f"{error} For unlabeled images any grouping will do: e.g. put them all in {path}/images/."
@@ -100,9 +103,11 @@ def pretrain(
     strategy: str | tf.distribute.Strategy = defaults.STRATEGIES[0],
     precision: str = defaults.PRECISIONS[0],
     jit_compile: bool | str = defaults.JIT_CHOICES[0],
+    steps_per_execution: int | str = defaults.STEPS_PER_EXECUTION,
     seed: int = defaults.SEED,
     train_split: str = defaults.TRAIN_SPLIT,
     data_dir: str | os.PathLike | None = None,
+    on_bad_image: str = BAD_IMAGE_ACTIONS[0],
     callbacks: Sequence[keras.callbacks.Callback] = (),
     verbose: int | str = "auto",
 ) -> PretrainingResult:
@@ -126,13 +131,29 @@ def pretrain(
         target, bits, corrupt_rate, mask_rate, random_rate: the task (see `MaskedPatchPredictor`).
         crop_scale, flip: augmentation; defaults (0.7, 1) without flips for digits, else (0.08, 1)
             with flips.
-        Other arguments as `keras_vit.training.train`.
+        Other arguments as `keras_vit.training.train`: every one is checked before anything
+        runs, and a non-finite loss stops the run without saving a model.
 
     Returns:
         `PretrainingResult(model, report)`; the report (also `report.json`) holds the per-epoch
         loss and patch accuracy, steps, seconds, images/s and the arguments.
     """
     arguments = {key: runs.describe(value) for key, value in dict(locals()).items() if key != "callbacks"}
+    runs.check_run_arguments(
+        image_size=image_size,
+        learning_rate=learning_rate,
+        warmup_steps=warmup_steps,
+        weight_decay=weight_decay,
+        dropout=dropout,
+        crop_scale=crop_scale,
+        on_bad_image=on_bad_image,
+    )
+    check.positive_number("learning_rate", learning_rate)
+    check.one_of("target", target, MPP_TARGETS)
+    check.integer("bits", bits, minimum=1, maximum=8)
+    check.number("corrupt_rate", corrupt_rate, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    check.fraction("mask_rate", mask_rate, allow_one=True)
+    check.fraction("random_rate", random_rate, allow_one=True)
     task = MaskedPatchTask(
         model_config(model),
         dataset,
@@ -152,8 +173,9 @@ def pretrain(
         seed=seed,
         train_split=train_split,
         data_dir=data_dir,
+        on_bad_image=on_bad_image,
     )
-    result = runs.fit_task(
+    result = runs.fit_checked(
         task,
         arguments,
         output_dir=output_dir,
@@ -164,6 +186,7 @@ def pretrain(
         strategy=strategy,
         precision=precision,
         jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
         seed=seed,
         callbacks=callbacks,
         verbose=verbose,
@@ -196,12 +219,19 @@ class MaskedPatchTask:
     seed: int
     train_split: str
     data_dir: str | os.PathLike | None
+    on_bad_image: str = BAD_IMAGE_ACTIONS[0]
     default_epochs: float = defaults.PRETRAIN_EPOCHS
     saved_file: str = "backbone.keras"
 
     def prepare(self, batch_size: int) -> int:
-        self.source, self.is_digits = _train_source(self.dataset, self.train_split, self.data_dir)
+        self.source, self.is_digits = _train_source(
+            self.dataset, self.train_split, self.data_dir, self.on_bad_image
+        )
         return data.epoch_steps(self.source, batch_size)
+
+    def sources(self) -> list[data.Source]:
+        """The source read so far (for naming undecodable files)."""
+        return [self.source] if hasattr(self, "source") else []
 
     def build(self) -> keras.Model:
         return masked_patch_model(
@@ -216,7 +246,9 @@ class MaskedPatchTask:
             seed=self.seed,
         )
 
-    def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None:
+    def compile(
+        self, network: keras.Model, total_steps: int, jit_compile: bool, steps_per_execution: int
+    ) -> None:
         self.used_warmup_steps = runs.warmup_steps(
             self.warmup_steps, total_steps, defaults.SCRATCH_WARMUP_CAP
         )
@@ -229,6 +261,7 @@ class MaskedPatchTask:
                 decay="cosine",
             ),
             jit_compile=jit_compile,
+            steps_per_execution=steps_per_execution,
         )
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset:

@@ -16,6 +16,9 @@ per published checkpoint (`CatalogEntry`) and one default tag per variant.
   that is the paper's pre-logits layer (`representation_size`).
 * `format` is one of `keras_vit.converters.FORMATS`; `"google_npz"` would be a hub repo that
   hosts an original `.npz` (no row needs it yet).
+* `numerics` is the `ViTConfig.numerics` a model built from the row computes with: its source
+  code's (`"timm"` for timm rows; `"hf"` for the transformers rows, whose `config.json` files
+  have exact GELU and LayerNorm eps 1e-12), so that its outputs are that code's.
 * `sha256`: the hub publishes each LFS file's sha256, but the catalog was written offline,
   so every row has `null` (no hash is made up). A row with a hash is verified after download.
 
@@ -59,10 +62,12 @@ from huggingface_hub import hf_hub_download, try_to_load_from_cache
 from keras_vit.converters import (
     CheckpointError,
     CheckpointInfo,
+    detect_format,
     inspect_checkpoint,
     load_checkpoint,
     read_checkpoint,
 )
+from keras_vit.converters.loading import read_hf_config
 from keras_vit.variants import VARIANTS, ViTConfig, config_of, get_config
 
 __all__ = [
@@ -76,6 +81,7 @@ __all__ = [
     "default_tags",
     "download_checkpoint",
     "get_entry",
+    "hub_repo_files",
     "list_pretrained",
     "load_weights",
     "model_entry",
@@ -83,6 +89,10 @@ __all__ = [
 ]
 
 DEFAULT_FILENAME = "model.safetensors"
+# `pretrained="hf-hub:org/name"`: a Hub repo, e.g. one `keras_vit.push_to_hub` wrote, whose
+# `keras_vit.json` names the weights file, its format and the model's exact config.
+HUB_PREFIX = "hf-hub:"
+METADATA_FILE = "keras_vit.json"
 _CHECKPOINT_SUFFIXES = (".safetensors", ".npz", ".bin", ".pt", ".pth")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # How long a TCP connection to the hub may take before the machine counts as offline.
@@ -156,6 +166,7 @@ class CatalogEntry:
     hub_repo: str
     filename: str
     format: str
+    numerics: str
     training_data: str
     resolution: int
     num_classes: int | None
@@ -364,6 +375,11 @@ class Checkpoint:
     def tag(self) -> str | None:
         return None if self.entry is None else self.entry.tag
 
+    @property
+    def numerics(self) -> str:
+        """The `ViTConfig.numerics` of the checkpoint's source: the catalog row's, else the file's."""
+        return self.info.numerics if self.entry is None else self.entry.numerics
+
     def model_arguments(
         self,
         config: ViTConfig,
@@ -405,9 +421,14 @@ class Checkpoint:
             )
         return image_size, num_classes, include_top, representation_size
 
-    def load_into(self, model: keras.Model) -> None:
-        """Copy the weights into `model` (position embedding resized, other-sized head skipped)."""
-        load_checkpoint(model, self.state, format=self.info.format)
+    def load_into(self, model: keras.Model, pos_embed_interpolation: str | None = None) -> None:
+        """Copy the weights into `model` (position embedding resized, other-sized head skipped).
+
+        `pos_embed_interpolation`: as `load_checkpoint` (default: the source's own resampling).
+        """
+        load_checkpoint(
+            model, self.state, format=self.info.format, pos_embed_interpolation=pos_embed_interpolation
+        )
         model.pretrained_tag = self.tag
 
 
@@ -482,6 +503,62 @@ def _locate(
     )
 
 
+def hub_repo_files(
+    repo: str, *, variant: str | None = None, cache_dir: str | os.PathLike | None = None
+) -> tuple[str, dict | None]:
+    """(local weights path, `keras_vit.json` or None) of the Hub repo `repo`, downloaded if not cached.
+
+    A repo written by `keras_vit.push_to_hub` has `keras_vit.json` naming its weights file and
+    format; other repos give their `model.safetensors` (timm and transformers both publish it).
+    A transformers repo's `config.json` is fetched beside the weights (head count, numerics).
+    """
+    if not _REPO_ID.fullmatch(repo):
+        raise ValueError(f"{HUB_PREFIX}{repo} does not name a Hub repo: use {HUB_PREFIX}org/name.")
+    download = functools.partial(
+        _hub_download, repo, label=f"checkpoint {HUB_PREFIX}{repo}", variant=variant, cache_dir=cache_dir
+    )
+    try:
+        metadata_path = download(METADATA_FILE)
+    except WeightsUnavailableError:
+        metadata = None
+    else:
+        with open(metadata_path, encoding="utf-8") as file:
+            metadata = json.load(file)
+    filename = metadata["weights"] if metadata else DEFAULT_FILENAME
+    path = download(filename)
+    if (metadata or {}).get("format", "hf") == "hf":
+        with contextlib.suppress(WeightsUnavailableError):
+            download("config.json")
+    return path, metadata
+
+
+def _shared_info(metadata: dict) -> CheckpointInfo:
+    """The architecture of a checkpoint `keras_vit.save_pretrained` wrote, from its `keras_vit.json`."""
+    arguments = metadata["model"]
+    config = ViTConfig.from_dict(arguments["config"])
+    variant = next(
+        (name for name, row in VARIANTS.items() if _architecture(row) == _architecture(config)), None
+    )
+    return CheckpointInfo(
+        format=metadata["format"],
+        hidden_size=config.hidden_size,
+        depth=config.depth,
+        num_heads=config.num_heads,
+        mlp_dim=config.mlp_dim,
+        patch_size=config.patch_size,
+        grid=config.token_grid(),
+        channels=arguments["channels"],
+        num_classes=arguments["num_classes"] if arguments["include_top"] else None,
+        representation_size=arguments["representation_size"],
+        variant=variant,
+        resnet_stages=config.resnet_stages,
+        class_token=config.class_token,
+        pooling=config.pooling,
+        fc_norm=config.fc_norm,
+        numerics=config.numerics,
+    )
+
+
 def _read(path: str, from_hub: bool, label: str) -> dict[str, np.ndarray]:
     try:
         return read_checkpoint(path)
@@ -501,13 +578,24 @@ def resolve_pretrained(
     """Find, download if needed, read and check the checkpoint a `pretrained=` value names.
 
     `source`: `True` (the variant's default tag), a tag (short with `variant`, or full), a
-    local file (format detected) or a hub repo id. With `variant`, a checkpoint of another
-    architecture is an error naming the factory that fits it.
+    local file (format detected) or a hub repo id (`"org/name"`, or `"hf-hub:org/name"`, whose
+    `keras_vit.json`, if any, gives the weights file, format, head count and numerics). With
+    `variant`, a checkpoint of another architecture is an error naming the factory that fits it.
     """
-    path, entry, from_hub = _locate(source, variant, cache_dir)
+    metadata = None
+    if isinstance(source, str) and source.startswith(HUB_PREFIX):
+        path, metadata = hub_repo_files(source[len(HUB_PREFIX) :], variant=variant, cache_dir=cache_dir)
+        entry, from_hub = None, True
+    else:
+        path, entry, from_hub = _locate(source, variant, cache_dir)
     label = f"checkpoint {entry.tag!r}" if entry else f"checkpoint {os.fspath(source)!r}"
     state = _read(path, from_hub, label)
-    info = inspect_checkpoint(state, format=entry.format if entry else None)
+    if metadata is not None:  # keras_vit.json records what the weights do not: heads, numerics, layout
+        info = _shared_info(metadata)
+    else:
+        format = entry.format if entry else detect_format(state)
+        hf_config = read_hf_config(path) if format == "hf" else None  # head count, numerics
+        info = inspect_checkpoint(state, format=format, hf_config=hf_config)
     if variant is not None:
         _check_fits(_architecture(get_config(variant)), variant, _architecture(info), info.variant, label)
     return Checkpoint(state=state, info=info, entry=entry, label=label)
@@ -554,13 +642,21 @@ def checkpoint_record(source, model: keras.Model | None = None) -> dict | None:
     return record
 
 
-def load_weights(model: keras.Model, source, *, cache_dir: str | os.PathLike | None = None) -> None:
+def load_weights(
+    model: keras.Model,
+    source,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    pos_embed_interpolation: str | None = None,
+) -> None:
     """Load a checkpoint into an existing keras_vit model.
 
     `source`: a tag (a short one resolves against the model's variant), a local file or a hub
-    repo id. The position embedding is resized to the model's grid; a head of another class
-    count is skipped (the model keeps its own); pre-logits are loaded if the model has them.
-    A catalog tag of another architecture is refused before anything is downloaded.
+    repo id. The position embedding is resized to the model's grid (`pos_embed_interpolation`,
+    default the source's: see `load_checkpoint`); a head of another class count is skipped (the
+    model keeps its own); pre-logits are loaded if the model has them. The model keeps its own
+    numerics (`ViTConfig.numerics`); `create_model(..., pretrained=source)` builds one with the
+    source's. A catalog tag of another architecture is refused before anything is downloaded.
     """
     architecture = _model_architecture(model)
     variant = _variant_of(model, architecture)
@@ -572,21 +668,21 @@ def load_weights(model: keras.Model, source, *, cache_dir: str | os.PathLike | N
     checkpoint = resolve_pretrained(source, variant, cache_dir=cache_dir)
     info = checkpoint.info
     _check_fits(architecture, model.name, _architecture(info), info.variant, checkpoint.label)
-    checkpoint.load_into(model)
+    checkpoint.load_into(model, pos_embed_interpolation=pos_embed_interpolation)
 
 
 def catalog_markdown() -> str:
-    """The catalog as a Markdown table (tag, resolution, classes, training data, hub repo)."""
+    """The catalog as a Markdown table (tag, resolution, classes, numerics, training data, hub repo)."""
     defaults = {f"{variant}.{tag}" for variant, tag in _catalog()[1].items()}
     lines = [
-        "| Tag | Resolution | Classes | Training data | Hub repo (file) |",
-        "|---|---|---|---|---|",
+        "| Tag | Resolution | Classes | Numerics | Training data | Hub repo (file) |",
+        "|---|---|---|---|---|---|",
     ]
     for entry in _catalog()[0].values():
         tag = f"`{entry.tag}`" + (" (default)" if entry.tag in defaults else "")
         classes = "none (features)" if entry.num_classes is None else str(entry.num_classes)
         lines.append(
-            f"| {tag} | {entry.resolution} | {classes} | {entry.training_data} | "
+            f"| {tag} | {entry.resolution} | {classes} | {entry.numerics} | {entry.training_data} | "
             f"[{entry.hub_repo}](https://huggingface.co/{entry.hub_repo}) (`{entry.filename}`) |"
         )
     return "\n".join(lines)

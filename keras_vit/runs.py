@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,22 +33,38 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import data, environment
-from keras_vit.defaults import JIT_CHOICES, LABELS_FILE, PRECISIONS, WARMUP_FRACTION
+from keras_vit import validation as check
+from keras_vit.defaults import (
+    BAD_IMAGE_ACTIONS,
+    JIT_CHOICES,
+    LABELS_FILE,
+    PRECISIONS,
+    STEPS_PER_EXECUTION,
+    STEPS_PER_EXECUTION_CAP,
+    WARMUP_FRACTION,
+)
 from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
 from keras_vit.preprocessing import write_labels
 
 __all__ = [
     "MAX_STEPS_PER_EPOCH",
+    "NonFiniteLossError",
+    "StopOnNonFiniteLoss",
     "EpochBackup",
     "RunResult",
     "Task",
     "fit_task",
     "augmentation",
+    "check_run_arguments",
     "describe",
+    "fit_checked",
+    "execution_steps",
+    "file_sha256",
     "json_safe",
     "optimizer_summary",
     "plan_steps",
     "remove_backup",
+    "resolve_paths",
     "start_run",
     "strategy_name",
     "tensorboard_callbacks",
@@ -89,18 +106,40 @@ def plan_steps(
     return steps_per_epoch, steps // steps_per_epoch
 
 
+def execution_steps(steps_per_epoch: int, requested: int | str = STEPS_PER_EXECUTION) -> int:
+    """Train steps per call into TensorFlow: `requested`, or for `"auto"` the largest divisor of
+    `steps_per_epoch` up to `STEPS_PER_EXECUTION_CAP` (epochs, hence backups, end on a call)."""
+    if requested == "auto":
+        return max(
+            n for n in range(1, min(steps_per_epoch, STEPS_PER_EXECUTION_CAP) + 1) if steps_per_epoch % n == 0
+        )
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+        raise ValueError(f"steps_per_execution must be a positive int or 'auto', got {requested!r}.")
+    if steps_per_epoch % requested:
+        raise ValueError(
+            f"steps_per_execution {requested} does not divide steps_per_epoch {steps_per_epoch}: backups "
+            "are taken between epochs; use a divisor, or 'auto'."
+        )
+    return requested
+
+
 class EpochBackup(keras.callbacks.Callback):
-    """Saves the whole training state after every epoch, atomically, and restores it.
+    """Saves the whole training state after every epoch, atomically, checksummed, and restores it.
 
     `backup_dir/state.json` names the epoch and its weights file (`model.save_weights`
-    format: model and optimizer variables, EMA averages included) and holds the seed-generator
-    states (dropout, stochastic depth: not in the weights file) and the per-epoch logs. Each
-    file is written under a temporary name and renamed, and the state file last: a kill at any
-    point leaves the previous complete backup. The training driver reads `epoch` before `fit`
-    (to start the input stream there and pass `initial_epoch`); `on_train_begin` restores.
+    format: model and optimizer variables, EMA averages included) with the file's SHA-256, and
+    holds the seed-generator states (dropout, stochastic depth: not in the weights file) and
+    the per-epoch logs. Each file is written under a temporary name and renamed, the state file
+    last: a kill at any point leaves the previous complete backup. The backup before it is kept
+    too (`state-previous.json` and its weights file). On resume each state is verified (its
+    JSON, its weights' checksum): a damaged latest backup is reported by file name and the
+    previous one used; if none is intact the run stops with an error that says what to do.
+    The training driver reads `epoch` before `fit` (to start the input stream there and pass
+    `initial_epoch`); `on_train_begin` restores.
     """
 
     STATE = "state.json"
+    PREVIOUS = "state-previous.json"
 
     def __init__(self, backup_dir: str | os.PathLike, run: dict | None = None):
         """`run`: JSON-able description of the run (its arguments); a backup of another run is refused."""
@@ -126,11 +165,56 @@ class EpochBackup(keras.callbacks.Callback):
         return int(self.state.get("epoch", 0))
 
     def _read_state(self) -> dict:
-        path = os.path.join(self.backup_dir, self.STATE)
-        if not os.path.exists(path):
-            return {}
-        with open(path, encoding="utf-8") as file:
-            return json.load(file)
+        """The newest intact backup's state (`{}`: none); a damaged one is reported by file name."""
+        damaged = []
+        for name in (self.STATE, self.PREVIOUS):
+            path = os.path.join(self.backup_dir, name)
+            if not os.path.exists(path):
+                continue
+            problem, state = self._verify(path)
+            if problem is None:
+                if damaged:
+                    warnings.warn(
+                        f"Damaged backup ignored: {'; '.join(damaged)}. Resuming from the previous backup "
+                        f"{path} (epoch {state['epoch']}).",
+                        stacklevel=3,
+                    )
+                return state
+            damaged.append(f"{path} {problem}")
+        if damaged:
+            raise ValueError(
+                f"The training backup in {self.backup_dir} is damaged and cannot be resumed: "
+                f"{'; '.join(damaged)}. Delete {self.backup_dir} to start the run over (its finished epochs "
+                "are lost), or use another output directory."
+            )
+        return {}
+
+    def _verify(self, path: str) -> tuple[str | None, dict]:
+        """`(None, state)` for an intact state file and weights, else `(what is wrong, {})`."""
+        try:
+            with open(path, encoding="utf-8") as file:
+                state = json.load(file)
+        except (OSError, ValueError) as error:
+            return f"cannot be read ({type(error).__name__}: {error})", {}
+        if not isinstance(state, dict) or not isinstance(state.get("sha256"), dict):
+            return "has no checksums (not written by this version of keras_vit, or damaged)", {}
+        checksums, weights, epoch = state["sha256"], state.get("weights"), state.get("epoch")
+        if not (
+            isinstance(epoch, int)
+            and epoch >= 1
+            and isinstance(weights, str)
+            and weights in checksums
+            and all(isinstance(name, str) and name == os.path.basename(name) for name in checksums)
+            and all(isinstance(state.get(key, {}), dict) for key in ("seed_states", "history", "run"))
+        ):
+            return "is not a backup state (epoch, weights file, checksums)", {}
+        for name, digest in checksums.items():
+            file_path = os.path.join(self.backup_dir, name)
+            if not os.path.isfile(file_path):
+                return f"names {name}, which is missing", {}
+            if file_sha256(file_path) != digest:
+                return f"names {name}, which does not match its SHA-256 checksum (changed or damaged)", {}
+        return None, state
 
     def _seed_variables(self) -> dict[str, keras.Variable]:
         weights = {id(variable) for variable in self.model.weights}
@@ -142,7 +226,15 @@ class EpochBackup(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
-        self.model.load_weights(os.path.join(self.backup_dir, self.state["weights"]))
+        weights = os.path.join(self.backup_dir, self.state["weights"])
+        try:
+            self.model.load_weights(weights)
+        except (OSError, KeyError, ValueError) as error:
+            raise ValueError(
+                f"The backup {weights} does not fit this model ({type(error).__name__}: {error}): it was "
+                f"written by a different configuration; delete {self.backup_dir} or use another output "
+                "directory."
+            ) from None
         variables = self._seed_variables()
         for path, value in self.state.get("seed_states", {}).items():
             if path not in variables:
@@ -161,9 +253,10 @@ class EpochBackup(keras.callbacks.Callback):
         self.model.save_weights(temporary, overwrite=True)
         fsync(temporary)
         os.replace(temporary, os.path.join(self.backup_dir, name))
-        self.state = {
+        state = {
             "epoch": epoch + 1,
             "weights": name,
+            "sha256": {name: file_sha256(os.path.join(self.backup_dir, name))},
             "steps": int(self.model.optimizer.iterations.numpy()),
             "seed_states": {
                 path: keras.ops.convert_to_numpy(variable).tolist()
@@ -172,10 +265,21 @@ class EpochBackup(keras.callbacks.Callback):
             "history": self.history,
             "run": self.run,
         }
-        write_json(os.path.join(self.backup_dir, self.STATE), self.state)
+        keep = {name}
+        if self.state:  # the last backup becomes the previous one, kept in case the new one is damaged
+            write_json(os.path.join(self.backup_dir, self.PREVIOUS), self.state)
+            keep.add(self.state["weights"])
+        write_json(os.path.join(self.backup_dir, self.STATE), state)
+        self.state = json.loads(json.dumps(state))  # as read back on resume (history copied)
         for entry in os.listdir(self.backup_dir):
-            if entry.endswith(".weights.h5") and entry != name:
+            if entry.endswith(".weights.h5") and entry not in keep:
                 os.remove(os.path.join(self.backup_dir, entry))
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, hex."""
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def fsync(path: str) -> None:
@@ -197,6 +301,8 @@ def describe(value):
     """A JSON-able value naming an argument the same way in every process (backups compare them)."""
     if isinstance(value, (str, int, float, bool, type(None))):
         return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
     if isinstance(value, (tuple, list)):
         return [describe(item) for item in value]
     if isinstance(value, np.ndarray):
@@ -207,6 +313,24 @@ def describe(value):
     if isinstance(value, keras.Model):
         return f"Model({value.name}, {value.count_params()} parameters)"
     return repr(value)
+
+
+# Arguments that may name a file or folder: a backup compares them resolved (`./runs/x` is `runs/x`).
+_PATH_ARGUMENTS = ("output_dir", "dataset", "pretrained", "data_dir")
+
+
+def resolve_paths(arguments: dict) -> dict:
+    """`arguments` with paths resolved, as an exact resume compares them.
+
+    `output_dir` is always resolved; the other path arguments when they name an existing path
+    (a dataset or checkpoint name that is no path stays as typed).
+    """
+    resolved = dict(arguments)
+    for key in _PATH_ARGUMENTS:
+        value = resolved.get(key)
+        if isinstance(value, str) and (key == "output_dir" or os.path.exists(os.path.expanduser(value))):
+            resolved[key] = os.path.realpath(os.path.expanduser(value))
+    return resolved
 
 
 def json_safe(value):
@@ -292,7 +416,7 @@ def verbosity(verbose: int | str) -> int:
 def augmentation(is_digits: bool, crop_scale: Sequence[float] | None, flip: bool | None) -> dict:
     """`train_pipeline`'s crop range and flips: gentle crops and no flips for the digits."""
     return dict(
-        crop_scale=tuple(crop_scale or ((0.7, 1.0) if is_digits else (0.08, 1.0))),
+        crop_scale=tuple(((0.7, 1.0) if is_digits else (0.08, 1.0)) if crop_scale is None else crop_scale),
         flip=(not is_digits) if flip is None else flip,
     )
 
@@ -320,7 +444,8 @@ class Task(Protocol):
 
     `fit_task` calls, in order: `prepare(batch_size)` once the strategy exists (read the data;
     return the steps of one pass), `build()` inside `strategy.scope()` and the run's dtype
-    policy (the Keras model to fit), `compile(network, total_steps, jit_compile)`,
+    policy (the Keras model to fit), `compile(network, total_steps, jit_compile,
+    steps_per_execution)` (Keras's `compile` arguments of the same names),
     `train_data(network, start_epoch, steps_per_epoch)`; after `fit`, `finish(network,
     history)` (the task's metrics for the report, `history` being the whole run's per-epoch
     logs), `saved_model(network)` (what the chief saves as `output_dir/<saved_file>`) and
@@ -335,7 +460,9 @@ class Task(Protocol):
 
     def build(self) -> keras.Model: ...
 
-    def compile(self, network: keras.Model, total_steps: int, jit_compile: bool) -> None: ...
+    def compile(
+        self, network: keras.Model, total_steps: int, jit_compile: bool, steps_per_execution: int
+    ) -> None: ...
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset: ...
 
@@ -369,6 +496,7 @@ def fit_task(
     seed: int,
     callbacks: Sequence[keras.callbacks.Callback],
     verbose: int | str,
+    steps_per_execution: int | str = STEPS_PER_EXECUTION,
 ) -> RunResult:
     """The one training driver: `model.fit` of `task` under a tf.distribute strategy, resumable exactly.
 
@@ -376,12 +504,21 @@ def fit_task(
     (`plan_steps`; default `task.default_epochs` passes), exact resume from the per-epoch
     `EpochBackup` in `output_dir/backup` (a run started again with the same `arguments`
     continues bit for bit), the dtype policy `precision` while building, XLA (`jit_compile`
-    `"auto"`: on for a single replica), TensorBoard logs and progress, and a report with the
-    task's metrics, timings, versions and the arguments.
+    `"auto"`: on for a single replica), several steps per call (`steps_per_execution`, see
+    `execution_steps`; results are the same for any value, so resuming may change it),
+    TensorBoard logs and progress, and a report with the task's metrics, timings, versions
+    and the arguments.
     """
     environment.require_tensorflow_backend("The training driver (keras_vit.training, keras_vit.pretrain)")
     if jit_compile not in JIT_CHOICES:
         raise ValueError(f"jit_compile must be True, False or 'auto', got {jit_compile!r}.")
+    # Checked before anything runs (keras_vit.validation): NaN or 0 never reach the plan.
+    check.positive_int("batch_size", batch_size)
+    check.optional(check.positive_int, "steps", steps)
+    check.optional(check.positive_number, "epochs", epochs)
+    check.optional(check.positive_int, "steps_per_epoch", steps_per_epoch)
+    check.non_negative_int("seed", seed)
+    check.one_of("verbose", verbose, ("auto", 0, 1, 2))
     run_started, started_at = time.perf_counter(), _now()
     strategy = start_run(strategy, precision, batch_size, seed)
     if jit_compile == "auto":
@@ -390,10 +527,15 @@ def fit_task(
         epochs = task.default_epochs
     steps_per_epoch, fit_epochs = plan_steps(task.prepare(batch_size), steps, epochs, steps_per_epoch)
     total_steps = steps_per_epoch * fit_epochs
+    steps_per_execution = execution_steps(steps_per_epoch, steps_per_execution)
     output_dir = os.fspath(output_dir)
     chief = is_chief(strategy)
-    run = {key: value for key, value in arguments.items() if key not in ("strategy", "verbose")}
-    backup = EpochBackup(worker_dir(os.path.join(output_dir, "backup"), strategy), run)
+    run = {
+        key: value
+        for key, value in arguments.items()
+        if key not in ("strategy", "verbose", "steps_per_execution")
+    }
+    backup = EpochBackup(worker_dir(os.path.join(output_dir, "backup"), strategy), resolve_paths(run))
     start_epoch = min(backup.epoch, fit_epochs)
 
     previous_policy = keras.config.dtype_policy()
@@ -401,7 +543,7 @@ def fit_task(
     try:
         with strategy.scope():
             network = task.build()
-            task.compile(network, total_steps, jit_compile)
+            task.compile(network, total_steps, jit_compile, steps_per_execution)
             # Eagerly: inside fit's first trace, each optimizer variable costs ~0.1 s to create.
             network.optimizer.build(network.trainable_variables)
     finally:
@@ -437,6 +579,7 @@ def fit_task(
         "passes_over_data": round(total_steps * batch_size / train_examples, 3) if train_examples else None,
         "precision": precision,
         "jit_compile": bool(jit_compile),
+        "steps_per_execution": steps_per_execution,
         "seed": seed,
         "optimizer": optimizer_summary(network.optimizer),
     }
@@ -485,3 +628,73 @@ def fit_task(
         write_json(os.path.join(output_dir, "report.json"), report)
     remove_backup(backup.backup_dir)
     return RunResult(network, report)
+
+
+def check_run_arguments(
+    *, image_size, learning_rate, warmup_steps, weight_decay, dropout, crop_scale, on_bad_image
+) -> None:
+    """Check the arguments `train` and `keras_vit.pretrain.pretrain` share (`ValueError` naming one)."""
+    check.optional(check.image_size, "image_size", image_size)
+    check.optional(check.positive_number, "learning_rate", learning_rate)
+    check.optional(check.non_negative_int, "warmup_steps", warmup_steps)
+    check.number("weight_decay", weight_decay, minimum=0)
+    check.fraction("dropout", dropout)
+    check.optional(check.crop_scale, "crop_scale", crop_scale)
+    check.one_of("on_bad_image", on_bad_image, BAD_IMAGE_ACTIONS)
+
+
+class NonFiniteLossError(ValueError):
+    """The training loss became NaN or infinite: the run stopped and saved no model."""
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Stop `fit` with `NonFiniteLossError` at the first NaN or infinite training loss.
+
+    Unlike `keras.callbacks.TerminateOnNaN`, which ends `fit` normally (so the diverged model
+    would be saved as the result), this raises: the caller saves nothing. It checks after each
+    call of `steps_per_execution` steps; raised in Keras's callback thread, the error stops
+    `fit` at the next step or at the latest when the epoch ends, before its backup is written.
+    """
+
+    async_safe = True
+    epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise NonFiniteLossError(
+                f"The training loss became {float(loss)} in epoch {self.epoch + 1} (by step {batch + 1} of "
+                "it): training diverged and stopped; no model was saved. Lower the learning rate, "
+                "check the data for NaN or infinite values, or keep float32 (--precision float32)."
+            )
+
+
+def fit_checked(task, arguments: dict, **fit_arguments) -> RunResult:
+    """`fit_task` that stops on a non-finite loss and names unreadable image files.
+
+    A non-finite loss (`NonFiniteLossError`) writes `report.json` with `"status": "failed"`
+    and the reason, and no model. A TensorFlow decoding error met while reading an image
+    folder becomes `keras_vit.data.BadImageError` naming the files that fail to decode.
+    """
+    fit_arguments["callbacks"] = [*fit_arguments.get("callbacks", ()), StopOnNonFiniteLoss()]
+    output_dir = os.fspath(fit_arguments["output_dir"])
+    try:
+        return fit_task(task, arguments, **fit_arguments)
+    except NonFiniteLossError as error:
+        os.makedirs(output_dir, exist_ok=True)
+        write_json(
+            os.path.join(output_dir, "report.json"),
+            {"status": "failed", "error": str(error), "finished_at": None, "arguments": arguments},
+        )
+        raise
+    except tf.errors.InvalidArgumentError:
+        bad = [item for source in task.sources() for item in data.undecodable_files(source)]
+        if not bad:
+            raise
+        listed = "; ".join(f"{path} ({reason})" for path, reason in bad[:5])
+        raise data.BadImageError(
+            f"TensorFlow cannot decode {len(bad)} image file(s): {listed}. Remove or replace them."
+        ) from None

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "NUMERICS",
     "POOLINGS",
-    "STEM_NUMERICS_CHOICES",
     "VARIANTS",
+    "Numerics",
     "WIDTHS",
     "ViTConfig",
     "config_of",
@@ -25,8 +26,39 @@ __all__ = [
     "model_config",
 ]
 
-POOLINGS = ("token", "gap", None)
-STEM_NUMERICS_CHOICES = ("timm", "jax")
+POOLINGS = ("token", "gap", "map", None)
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The small numerical choices on which the reference implementations differ.
+
+    Each changes logits by ~1e-5 to ~1e-3 on the same weights, so exact parity with a
+    checkpoint's own code needs its values: `approximate_gelu` (the MLP's GELU: the tanh
+    approximation, Flax's `nn.gelu`, or exact erf), `layer_norm_epsilon` (every LayerNorm),
+    and for hybrids the weight standardisation, `(w - mean) / sqrt(var + eps)`
+    (`std_conv_epsilon_mode="variance"`) or `(w - mean) / (std + eps)` (`"std"`), and the
+    GroupNorm epsilon.
+    """
+
+    approximate_gelu: bool
+    layer_norm_epsilon: float
+    std_conv_epsilon: float
+    std_conv_epsilon_mode: str
+    group_norm_epsilon: float
+
+
+# `ViTConfig.numerics` -> what the model computes with. The loaders pick the checkpoint source's.
+NUMERICS: dict[str, Numerics] = {
+    # timm: exact GELU, LayerNorm eps 1e-6; `StdConv2dSame(eps=1e-8)`, `GroupNormAct` eps 1e-5.
+    "timm": Numerics(False, 1e-6, 1e-8, "variance", 1e-5),
+    # The original JAX code (vision_transformer models_vit.py / models_resnet.py, big_vision):
+    # `nn.gelu` (tanh), Flax LayerNorm and GroupNorm eps 1e-6, `weight_standardize(eps=1e-5)`.
+    "jax": Numerics(True, 1e-6, 1e-5, "std", 1e-6),
+    # transformers ViT: exact GELU (`hidden_act="gelu"`), `layer_norm_eps` 1e-12 (its default and
+    # the value in every google/vit-* config.json); its BiT stem (`modeling_bit`) has timm's epsilons.
+    "hf": Numerics(False, 1e-12, 1e-8, "variance", 1e-5),
+}
 
 
 def image_hw(image_size: int | Sequence[int]) -> tuple[int, int]:
@@ -51,9 +83,15 @@ class ViTConfig:
     ResNet feature map for hybrids (`resnet_stages` set: BiT units per stage, `()` = stem only).
     `image_size` is the input resolution (int, or `(height, width)`); `pooling` how the
     classifier reads the tokens: `"token"` (the [class] token), `"gap"` (mean of the patch
-    tokens) or `None` (the token sequence is the output); `class_token` whether a [class]
-    token is prepended. `stem_numerics` picks the hybrid stem's epsilons: `"timm"` or
-    `"jax"` (see `keras_vit.hybrid`).
+    tokens), `"map"` (multihead attention pooling of the patch tokens by a learned probe:
+    big_vision's `MAPHead`, timm's `global_pool="map"`) or `None` (the token sequence is the
+    output); `class_token` whether a [class] token is prepended (`False`: the paper's
+    Appendix D.3 GAP model, big_vision's `pool_type="gap"`/`"map"`, then pooling `"gap"` or
+    `"map"`). `fc_norm` puts the final LayerNorm after the `"gap"` pooling instead of before
+    (timm's `fc_norm`, its default for `global_pool="avg"`). `numerics` names the reference
+    whose numerics the model computes with (`NUMERICS`: GELU form, LayerNorm and hybrid-stem
+    epsilons): `"timm"` (the default for new models), `"jax"` (the original code: what the
+    loaders pick for Google `.npz` files) or `"hf"` (transformers).
     """
 
     name: str
@@ -64,9 +102,10 @@ class ViTConfig:
     mlp_dim: int
     resnet_stages: tuple[int, ...] | None = None
     image_size: int | tuple[int, int] = 224
-    stem_numerics: str = "timm"
+    numerics: str = "timm"
     pooling: str | None = "token"
     class_token: bool = True
+    fc_norm: bool = False
 
     def __post_init__(self):
         for field in ("patch_size", "hidden_size", "depth", "num_heads", "mlp_dim"):
@@ -84,17 +123,22 @@ class ViTConfig:
         if self.pooling not in POOLINGS:
             raise ValueError(
                 f"Unknown pooling {self.pooling!r}: use 'token' (the [class] token), 'gap' (mean of the "
-                "patch tokens), or None (the token sequence, with include_top=False)."
+                "patch tokens), 'map' (attention pooling of the patch tokens), or None (the token "
+                "sequence, with include_top=False)."
             )
         if self.pooling == "token" and not self.class_token:
             raise ValueError(
                 f"{self.name}: pooling='token' reads the [class] token, but class_token=False: "
-                "use pooling='gap' for a model without a [class] token."
+                "use pooling='gap' or 'map' for a model without a [class] token."
             )
-        if self.stem_numerics not in STEM_NUMERICS_CHOICES:
+        if self.fc_norm and self.pooling != "gap":
             raise ValueError(
-                f"{self.name}: unknown stem_numerics {self.stem_numerics!r}; use one of "
-                f"{sorted(STEM_NUMERICS_CHOICES)}."
+                f"{self.name}: fc_norm=True normalises the average of the patch tokens (timm's "
+                f"global_pool='avg'): it needs pooling='gap', got pooling={self.pooling!r}."
+            )
+        if self.numerics not in NUMERICS:
+            raise ValueError(
+                f"{self.name}: unknown numerics {self.numerics!r}; use one of {sorted(NUMERICS)}."
             )
 
     @property
@@ -170,6 +214,10 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, fields: dict) -> ViTConfig:
+        """The inverse of `to_dict`; configs saved before `numerics` existed name `stem_numerics`."""
+        fields = dict(fields)
+        if "stem_numerics" in fields:
+            fields.setdefault("numerics", fields.pop("stem_numerics"))
         return cls(**fields)
 
 

@@ -216,3 +216,27 @@ def save_hf(
 def to_torch(images: np.ndarray) -> torch.Tensor:
     """NHWC float32 images (what keras_vit takes) as an NCHW torch tensor."""
     return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
+
+
+def random_timm_vit_like(config, seed: int = 0, **kwargs) -> torch.nn.Module:
+    """timm's `VisionTransformer` of a keras_vit `ViTConfig`'s shape (any size), random and perturbed.
+
+    `kwargs` go to `VisionTransformer` (`global_pool`, `fc_norm`, `num_classes`, `act_layer`, ...);
+    `class_token` and the image size follow `config`. Initialised as `random_timm_vit`.
+    """
+    torch.manual_seed(seed)
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=config.image_hw,
+        patch_size=config.patch_size,
+        embed_dim=config.hidden_size,
+        depth=config.depth,
+        num_heads=config.num_heads,
+        mlp_ratio=config.mlp_dim / config.hidden_size,
+        class_token=config.class_token,
+        weight_init="skip",
+        **kwargs,
+    )
+    with torch.no_grad():
+        for parameter in model.parameters(recurse=False):  # cls_token, pos_embed
+            parameter.zero_()
+    return perturb_(model, seed=seed)

@@ -133,7 +133,8 @@ def test_logits_match_timm(name, size, tmp_path):
         info = keras_vit.inspect_checkpoint(path)
         grid = (224 // get_config(name).stride,) * 2  # the checkpoint's own grid, whatever the model's
         assert (info.format, info.variant, info.grid) == (format_name, name, grid)
-        keras_vit.load_checkpoint(model, path)
+        # timm's resampling for both files (a Google .npz defaults to the original code's)
+        keras_vit.load_checkpoint(model, path, pos_embed_interpolation="timm")
         logits = keras.ops.convert_to_numpy(model(images))
         np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-4, err_msg=format_name)
     del model, reference
@@ -194,7 +195,7 @@ def test_weight_standardisation_formulas(numerics):
     mean, std = kernel.mean(axis=(0, 1, 2)), kernel.std(axis=(0, 1, 2))
     timm_formula = (kernel - mean) / np.sqrt(std**2 + 1e-8)
     jax_formula = (kernel - mean) / (std + 1e-5)
-    expected, other = (timm_formula, jax_formula) if numerics == "timm" else (jax_formula, timm_formula)
+    expected, other = (timm_formula, jax_formula) if mode == "variance" else (jax_formula, timm_formula)
     standardized = keras.ops.convert_to_numpy(layer.standardized_kernel())
     np.testing.assert_allclose(standardized, expected, rtol=2e-5, atol=2e-5)
     assert np.abs(standardized - other).max() > 1e-4
@@ -266,9 +267,9 @@ def test_bottleneck_unit_matches_timm():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(unit(images)), expected, atol=2e-5)
 
 
-def test_stem_numerics_option_sets_every_epsilon():
+def test_numerics_option_sets_every_stem_epsilon():
     for numerics, (epsilon, mode, gn_epsilon) in STEM_NUMERICS.items():
-        model = build_vit(dataclasses.replace(SMALL, stem_numerics=numerics), image_size=64)
+        model = build_vit(dataclasses.replace(SMALL, numerics=numerics), image_size=64)
         convs = [layer for layer in model.layers if isinstance(layer, StdConv2D)]
         units = [layer for layer in model.layers if isinstance(layer, BottleneckUnit)]
         assert len(convs) == 1 and len(units) == 3
@@ -280,8 +281,8 @@ def test_stem_numerics_option_sets_every_epsilon():
                 mode,
                 gn_epsilon,
             )
-    with pytest.raises(ValueError, match=r"unknown stem_numerics 'flax'.*\['jax', 'timm'\]"):
-        build_vit(dataclasses.replace(SMALL, stem_numerics="flax"), image_size=64)
+    with pytest.raises(ValueError, match=r"unknown numerics 'flax'.*\['hf', 'jax', 'timm'\]"):
+        build_vit(dataclasses.replace(SMALL, numerics="flax"), image_size=64)
 
 
 def test_std_conv_rejects_unknown_epsilon_mode():
@@ -317,7 +318,7 @@ def test_hybrids_are_listed_and_exported():
 
 
 def test_keras_file_round_trip(tmp_path):
-    model = build_vit(dataclasses.replace(SMALL, stem_numerics="jax"), image_size=(64, 48), num_classes=5)
+    model = build_vit(dataclasses.replace(SMALL, numerics="jax"), image_size=(64, 48), num_classes=5)
     _randomise(model)
     images = random_images(2, (64, 48))
     expected = keras.ops.convert_to_numpy(model(images))

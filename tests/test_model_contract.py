@@ -73,7 +73,7 @@ def test_class_token_free_model_pools_the_patches():
 
 
 def test_keras_round_trip_keeps_the_config(tmp_path):
-    for config in (TINY.replace(pooling="gap"), TINY_HYBRID.replace(stem_numerics="jax")):
+    for config in (TINY.replace(pooling="gap"), TINY_HYBRID.replace(numerics="jax")):
         model = _randomised(keras_vit.build_vit(config, num_classes=5, dropout=0.1, pretrained_tag="x.y"))
         path = tmp_path / f"{config.name}.keras"
         model.save(path)

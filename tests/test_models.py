@@ -178,7 +178,10 @@ def test_image_size_not_divisible_by_patch():
 
 def test_channel_mismatch_names_the_fix():
     model = keras_vit.vit_ti16(image_size=32, num_classes=2)
-    with pytest.raises(ValueError, match=r"built for images with 3 channels but received 1.*channels=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"takes images of shape \(batch, 32, 32, 3\), got shape \(2, 32, 32, 1\).*channels=1",
+    ):
         model(random_images(size=(32, 32), channels=1))
     grayscale = keras_vit.vit_ti16(image_size=32, num_classes=2, channels=1)
     assert grayscale(random_images(size=(32, 32), channels=1)).shape == (2, 2)

@@ -89,7 +89,10 @@ def test_run_description_is_the_same_in_every_process():
 def test_backup_refuses_another_run(tmp_path):
     backup = runs.EpochBackup(tmp_path, {"steps": 16})
     assert backup.epoch == 0
-    (tmp_path / "state.json").write_text(json.dumps({"epoch": 2, "run": {"steps": 16}}))
+    (tmp_path / "epoch-000002.weights.h5").write_bytes(b"weights")
+    checksums = {"epoch-000002.weights.h5": runs.file_sha256(tmp_path / "epoch-000002.weights.h5")}
+    state = {"epoch": 2, "weights": "epoch-000002.weights.h5", "sha256": checksums, "run": {"steps": 16}}
+    (tmp_path / "state.json").write_text(json.dumps(state))
     assert runs.EpochBackup(tmp_path, {"steps": 16}).epoch == 2
     with pytest.raises(ValueError, match=r"other arguments \(steps\)"):
         runs.EpochBackup(tmp_path, {"steps": 32})
@@ -112,7 +115,7 @@ def test_ema_weights_differ_from_raw_and_are_saved(tmp_path):
     record = _RecordWeights()
     result = training.train(
         TINY, output_dir=tmp_path, steps=4, steps_per_epoch=2, batch_size=32, learning_rate=3e-3,
-        ema_momentum=momentum, callbacks=[record], verbose=0,
+        ema_momentum=momentum, callbacks=[record], steps_per_execution=1, verbose=0,
     )  # fmt: skip
     assert result.report["steps"] == 4 and len(record.steps) == 4
     # Keras's EMA: the first step copies the weights, then average = m * average + (1 - m) * w.
@@ -130,6 +133,36 @@ def test_ema_weights_differ_from_raw_and_are_saved(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ema"] is True and report["accuracy"] == result.report["accuracy"]
     assert not (tmp_path / "backup").exists()  # removed once the run is complete
+
+
+def test_execution_steps():
+    assert (
+        runs.execution_steps(22) == 22 and runs.execution_steps(1000) == 25 and runs.execution_steps(37) == 1
+    )
+    assert runs.execution_steps(22, 11) == 11
+    for bad in (0, 3, True, "2"):
+        with pytest.raises(ValueError, match="steps_per_execution"):
+            runs.execution_steps(22, bad)
+
+
+@pytest.mark.slow
+def test_steps_per_execution_gives_the_same_run(tmp_path):
+    """Several steps per call (the default) trains exactly as one step per call."""
+    results = [
+        training.train(
+            TINY,
+            output_dir=tmp_path / str(n),
+            steps=4,
+            steps_per_epoch=4,
+            batch_size=32,
+            steps_per_execution=n,
+            verbose=0,
+        )  # fmt: skip
+        for n in (1, "auto")
+    ]
+    assert [r.report["hyperparameters"]["steps_per_execution"] for r in results] == [1, 4]
+    for one, many in zip(*(r.model.get_weights() for r in results), strict=True):
+        np.testing.assert_array_equal(one, many)
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@ layout, keyed by the path of the weight they fill, relative to the model
 two name maps -- top-level keys, and keys inside encoder block `i` -- from a checkpoint key to
 `(target suffix, transform)` pairs; `apply_name_maps` runs them. Each format module also tells
 which of its keys belong to a hybrid's ResNet stem (`is_stem_key`): the loader sets those apart.
+The writers (`write_<format>`) run the same maps backwards (`invert_name_maps`): each transform
+has its inverse (`_INVERSES`), and a key that fills several targets gets their parts concatenated.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ PRE_LOGITS_KERNEL = "pre_logits/kernel"
 PRE_LOGITS_BIAS = "pre_logits/bias"
 HEAD_KERNEL = "head/kernel"
 HEAD_BIAS = "head/bias"
+POOL = "pool/"  # prefix of the attention-pooling (MAP) head's weights
 BLOCK = "block_{index}/{suffix}"
+_BLOCK_NAME = re.compile(r"block_(\d+)/")
 
 # (target, transform(array, num_heads) -> array); a key may fill several targets (fused qkv).
 Transform = Callable[[np.ndarray, int | None], np.ndarray]
@@ -71,6 +75,11 @@ def conv_kernel(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
     return array.transpose(2, 3, 1, 0) if array.ndim == 4 else array
 
 
+def conv_kernel_out(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """Keras `Conv2D.kernel` HWIO -> PyTorch `Conv2d.weight` OIHW (the inverse of `conv_kernel`)."""
+    return array.transpose(3, 2, 0, 1) if array.ndim == 4 else array
+
+
 def _divides(size: int, num_heads: int | None) -> bool:
     return num_heads is not None and num_heads > 0 and size % num_heads == 0
 
@@ -93,6 +102,26 @@ def heads_out(array: np.ndarray, num_heads: int | None) -> np.ndarray:
     return array.reshape(num_heads, array.shape[0] // num_heads, array.shape[1])
 
 
+def heads_merged(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """(D, H, hd) -> (D, H*hd), (H, hd) -> (H*hd,): the inverse of `heads_in`."""
+    return array.reshape(*array.shape[:-2], -1) if array.ndim >= 2 else array
+
+
+def heads_out_merged(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """(H, hd, D) -> (H*hd, D): the inverse of `heads_out`."""
+    return array.reshape(-1, array.shape[-1]) if array.ndim == 3 else array
+
+
+# transform -> the transform that undoes it (Keras layout -> checkpoint layout), for the writers.
+_INVERSES: dict[Transform, Transform] = {
+    keep: keep,
+    linear_kernel: linear_kernel,
+    conv_kernel: conv_kernel_out,
+    heads_in: heads_merged,
+    heads_out: heads_out_merged,
+}
+
+
 def compose(*transforms: Transform) -> Transform:
     """Apply `transforms` left to right."""
 
@@ -101,6 +130,9 @@ def compose(*transforms: Transform) -> Transform:
             array = transform(array, num_heads)
         return array
 
+    inverses = [_INVERSES.get(transform) for transform in reversed(transforms)]
+    if all(inverses):
+        _INVERSES[composed] = compose(*inverses)
     return composed
 
 
@@ -111,6 +143,7 @@ def fused_part(index: int, parts: int = 3) -> Transform:
         size = array.shape[0] // parts
         return array[index * size : (index + 1) * size]
 
+    _INVERSES[part] = keep  # `invert_name_maps` concatenates the parts of a fused key
     return part
 
 
@@ -178,3 +211,41 @@ def apply_name_maps(
                 )
             conversion.tensors[name] = CanonicalTensor(transform(array, num_heads), key, array.shape)
     return conversion
+
+
+def invert_name_maps(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    top: Mapping[str, Rules],
+    block_key: str,
+    block: Mapping[str, Rules],
+) -> tuple[dict[str, np.ndarray], set[str]]:
+    """The name maps run backwards: checkpoint arrays from canonical tensors (Keras layout).
+
+    `block_key` is the checkpoint name of a block key, e.g. `"blocks.{index}.{key}"`. Each
+    target is written under the first key that fills it in map order, so a format's aliases
+    (transformers-5 names, big_vision names) are not written. A key filling several targets
+    (timm's fused qkv) gets its parts, undone, concatenated along axis 0. Keys whose targets
+    are not all in `tensors` are left out. Returns the arrays and the canonical names they hold.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+
+    def add(key: str, targets: Rules, prefix: str) -> None:
+        names = [prefix + suffix for suffix, _ in targets]
+        inverses = [_INVERSES.get(transform) for _, transform in targets]
+        if not all(inverses) or any(name in used or name not in tensors for name in names):
+            return
+        parts = [
+            inverse(np.asarray(tensors[name]), None) for name, inverse in zip(names, inverses, strict=True)
+        ]
+        arrays[key] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        used.update(names)
+
+    for key, targets in top.items():
+        add(key, targets, "")
+    depth = 1 + max((int(m.group(1)) for m in map(_BLOCK_NAME.match, tensors) if m), default=-1)
+    for index in range(depth):
+        for key, targets in block.items():
+            add(block_key.format(index=index, key=key), targets, BLOCK.format(index=index, suffix=""))
+    return arrays, used

@@ -9,6 +9,11 @@ and big_vision names (`MultiHeadDotProductAttention_0`, `LayerNorm_1`, `MlpBlock
 (HWIO convolution, (D, H, hd) attention), so every tensor is copied as it is, except
 big_vision's position embedding, which has no [class] token row: that tower adds the position
 embedding before prepending the token, which equals a zero row for the token here.
+
+big_vision's `pool_type="gap"` and `"map"` checkpoints have no `cls` parameter: their position
+embedding is copied as it is, into a model built with `class_token=False`. The `"map"` head
+(`MAPHead_0/probe`, `MAPHead_0/MultiHeadDotProductAttention_0/...`, `MAPHead_0/LayerNorm_0`,
+`MAPHead_0/MlpBlock_0/...`) fills the model's `pool` (`MultiheadAttentionPooling`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,35 @@ _TOP = {
     "head/kernel": rules((common.HEAD_KERNEL, keep)),
     "head/bias": rules((common.HEAD_BIAS, keep)),
 }
+_MAP_HEAD = "MAPHead_0/"
+
+
+def _map_head_map() -> dict[str, common.Rules]:
+    """big_vision's `MAPHead` keys -> the `pool` layer's weights (same layouts, copied as they are)."""
+    mapping = {f"{_MAP_HEAD}probe": rules((f"{common.POOL}probe", keep))}
+    for source, target in (
+        ("query", "query"),
+        ("key", "key"),
+        ("value", "value"),
+        ("out", "attention_output"),
+    ):
+        for weight in ("kernel", "bias"):
+            mapping[f"{_MAP_HEAD}MultiHeadDotProductAttention_0/{source}/{weight}"] = rules(
+                (f"{common.POOL}{target}/{weight}", keep)
+            )
+    for weight, target in (("scale", "gamma"), ("bias", "beta")):
+        mapping[f"{_MAP_HEAD}LayerNorm_0/{weight}"] = rules((f"{common.POOL}norm/{target}", keep))
+    for dense, target in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
+        for weight in ("kernel", "bias"):
+            mapping[f"{_MAP_HEAD}MlpBlock_0/{dense}/{weight}"] = rules(
+                (f"{common.POOL}{target}/{weight}", keep)
+            )
+    return mapping
+
+
+_TOP |= _map_head_map()
+# Without a [class] token (pool_type "gap" / "map") the position embedding covers the patches only.
+_TOP_WITHOUT_CLASS_TOKEN = _TOP | {"pos_embedding": rules((common.POS_EMBED, keep))}
 
 
 def _block_map() -> dict[str, common.Rules]:
@@ -130,9 +164,5 @@ def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:
 
 def convert(flat: Mapping[str, np.ndarray], num_heads: int | None) -> Conversion:
     """Canonical tensors of a normalised Google checkpoint (stem keys removed); heads are in the file."""
-    if "pos_embedding" in flat and "cls" not in flat:
-        raise CheckpointError(
-            "This big_vision checkpoint has no [class] token (pool_type 'gap' or 'map'): keras_vit models "
-            "always have one, so it cannot be loaded exactly."
-        )
-    return common.apply_name_maps(flat, top=_TOP, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads)
+    top = _TOP if "cls" in flat else _TOP_WITHOUT_CLASS_TOKEN
+    return common.apply_name_maps(flat, top=top, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads)

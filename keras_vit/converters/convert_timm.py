@@ -5,6 +5,12 @@ HWIO, and the fused `attn.qkv` (3D, D) weight is cut into query, key and value, 
 head as `(D, heads, D/heads)` (timm orders the fused output as (3, heads, head_dim)). timm
 stores no head count: the model's is used. Old timm checkpoints' `pre_logits.fc` loads into
 the model's `pre_logits` layer.
+
+Class-token-free models (`class_token=False`) have no `cls_token`. `global_pool="avg"` models
+normalise after pooling by default (`fc_norm.*` instead of `norm.*`): that LayerNorm fills
+`encoder_norm` of a model built with `fc_norm=True`. `global_pool="map"` models'
+`AttentionPoolLatent` (`attn_pool.latent`, `attn_pool.q`, the fused `attn_pool.kv` (2D, D) cut
+into key and value, `attn_pool.proj`, `attn_pool.norm`, `attn_pool.mlp`) fills the `pool` layer.
 """
 
 from __future__ import annotations
@@ -41,7 +47,36 @@ _TOP = {
     "pre_logits.fc.bias": rules((common.PRE_LOGITS_BIAS, keep)),
     "head.weight": rules((common.HEAD_KERNEL, linear_kernel)),
     "head.bias": rules((common.HEAD_BIAS, keep)),
+    "fc_norm.weight": rules((common.ENCODER_NORM_SCALE, keep)),
+    "fc_norm.bias": rules((common.ENCODER_NORM_BIAS, keep)),
+    "attn_pool.latent": rules((f"{common.POOL}probe", keep)),
+    "attn_pool.q.weight": rules((f"{common.POOL}query/kernel", compose(linear_kernel, heads_in))),
+    "attn_pool.q.bias": rules((f"{common.POOL}query/bias", heads_in)),
+    "attn_pool.kv.weight": rules(
+        *(
+            (f"{common.POOL}{name}/kernel", compose(fused_part(i, 2), linear_kernel, heads_in))
+            for i, name in enumerate(("key", "value"))
+        )
+    ),
+    "attn_pool.kv.bias": rules(
+        *(
+            (f"{common.POOL}{name}/bias", compose(fused_part(i, 2), heads_in))
+            for i, name in enumerate(("key", "value"))
+        )
+    ),
+    "attn_pool.proj.weight": rules(
+        (f"{common.POOL}attention_output/kernel", compose(linear_kernel, heads_out))
+    ),
+    "attn_pool.proj.bias": rules((f"{common.POOL}attention_output/bias", keep)),
+    "attn_pool.norm.weight": rules((f"{common.POOL}norm/gamma", keep)),
+    "attn_pool.norm.bias": rules((f"{common.POOL}norm/beta", keep)),
+    "attn_pool.mlp.fc1.weight": rules((f"{common.POOL}fc1/kernel", linear_kernel)),
+    "attn_pool.mlp.fc1.bias": rules((f"{common.POOL}fc1/bias", keep)),
+    "attn_pool.mlp.fc2.weight": rules((f"{common.POOL}fc2/kernel", linear_kernel)),
+    "attn_pool.mlp.fc2.bias": rules((f"{common.POOL}fc2/bias", keep)),
 }
+# The LayerNorm after the pooling (`fc_norm`, timm's default for global_pool="avg").
+FC_NORM_KEYS = ("fc_norm.weight", "fc_norm.bias")
 _QKV = ("query", "key", "value")
 _BLOCK_MAP = {
     "norm1.weight": rules(("norm1/gamma", keep)),

@@ -18,10 +18,20 @@ import numpy as np
 from keras_vit.converters import common, convert_google_npz, convert_hf, convert_timm, resnet_stem
 from keras_vit.converters.common import CanonicalTensor, Conversion
 from keras_vit.converters.errors import CheckpointError
-from keras_vit.converters.reading import read_checkpoint, resolve_checkpoint_file
-from keras_vit.variants import VARIANTS, WIDTHS, ViTConfig, config_of
+from keras_vit.converters.reading import as_weight, read_checkpoint, resolve_checkpoint_file
+from keras_vit.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
+from keras_vit.variants import NUMERICS, VARIANTS, WIDTHS, ViTConfig, config_of
 
-__all__ = ["FORMATS", "CheckpointInfo", "detect_format", "inspect_checkpoint", "load_checkpoint"]
+__all__ = [
+    "DEFAULT_POS_EMBED_INTERPOLATION",
+    "FORMATS",
+    "CheckpointInfo",
+    "detect_format",
+    "inspect_checkpoint",
+    "load_checkpoint",
+    "read_hf_config",
+    "source_numerics",
+]
 
 FORMATS: dict[str, ModuleType] = {
     "google_npz": convert_google_npz,
@@ -36,6 +46,11 @@ _FORMAT_KEYS = {
     "'[vit.]encoder.layer.0...')",
 }
 _BLOCK_NAME = re.compile(r"block_(\d+)")
+# Each format's position-embedding resampling (`keras_vit.pos_embed.POS_EMBED_INTERPOLATIONS`):
+# the original code's scipy zoom for its own files, timm's bicubic for timm and transformers files.
+DEFAULT_POS_EMBED_INTERPOLATION = {"google_npz": "jax", "timm": "timm", "hf": "timm"}
+# transformers `hidden_act` -> whether it is the tanh approximation of GELU (False: exact erf)
+_HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_fast": True}
 _HEAD_DIM = 64  # ViT's head width, for checkpoints of a width keras_vit.variants does not list
 
 
@@ -48,6 +63,14 @@ class CheckpointInfo:
     the matching name in `keras_vit.variants.VARIANTS` (`None` if no variant matches),
     `resnet_stages` the units per stage of a hybrid's ResNet stem (`None`: a plain ViT).
     `patch_size` is in pixels of the Transformer's input: the ResNet feature map for hybrids.
+    `class_token`, `pooling` and `fc_norm` are its token layout, as `ViTConfig` has them:
+    `pooling` is `"map"` for an attention-pooling head, `"gap"` without a [class] token
+    (big_vision `pool_type="gap"`, timm `class_token=False`) or with timm's LayerNorm after the
+    average pooling (`fc_norm`), else `"token"`. `numerics` is the computation
+    of the checkpoint's source (`keras_vit.variants.NUMERICS`: `"jax"` for Google `.npz`,
+    `"timm"`, `"hf"` from transformers' `config.json`), `pos_embed_interpolation` its
+    position-embedding resampling (`DEFAULT_POS_EMBED_INTERPOLATION`): what
+    `create_model(..., pretrained=...)` builds and loads with unless told otherwise.
     """
 
     format: str
@@ -62,6 +85,25 @@ class CheckpointInfo:
     representation_size: int | None
     variant: str | None
     resnet_stages: tuple[int, ...] | None = None
+    class_token: bool = True
+    pooling: str = "token"
+    fc_norm: bool = False
+    numerics: str = "timm"
+
+    @property
+    def pos_embed_interpolation(self) -> str:
+        """How a model built for another resolution resamples the position embedding by default."""
+        return DEFAULT_POS_EMBED_INTERPOLATION[self.format]
+
+    @property
+    def layout(self) -> dict[str, bool | str]:
+        """`{"class_token", "pooling", "fc_norm"}`: the factory arguments of a model that fits."""
+        return {"class_token": self.class_token, "pooling": self.pooling, "fc_norm": self.fc_norm}
+
+    @property
+    def layout_arguments(self) -> str:
+        """The layout as factory arguments, e.g. `class_token=False, pooling="gap"`."""
+        return _layout_arguments(self.layout)
 
 
 @dataclass(frozen=True)
@@ -75,6 +117,7 @@ class _Checkpoint:
     label: str
     stem: dict[str, np.ndarray]  # a hybrid's ResNet stem weights, by checkpoint key; empty if plain
     resnet_stages: tuple[int, ...] | None
+    numerics: str  # the source's (`source_numerics`)
 
     @property
     def module(self) -> ModuleType:
@@ -98,9 +141,10 @@ def detect_format(state: Mapping[str, object]) -> str:
     )
 
 
-def _hf_config(path: Path) -> dict:
-    """The transformers `config.json` next to a checkpoint file, or `{}`."""
-    config_path = path.parent / "config.json"
+def read_hf_config(path: str | os.PathLike) -> dict:
+    """The transformers `config.json` next to a checkpoint file (or in its directory), or `{}`."""
+    path = Path(path)
+    config_path = (path if path.is_dir() else path.parent) / "config.json"
     if not config_path.is_file():
         return {}
     try:
@@ -117,7 +161,37 @@ def _config_grid(config: dict) -> tuple[int, int] | None:
     return height // patch, width // patch
 
 
-def _read(source, format: str | None) -> _Checkpoint:
+def source_numerics(format: str, hf_config: Mapping | None = None) -> str:
+    """The `ViTConfig.numerics` of a checkpoint format's own code: `"jax"` for Google `.npz`, `"timm"`,
+    and for transformers the preset with its `config.json`'s `hidden_act` and `layer_norm_eps`.
+
+    transformers files all have exact GELU and eps 1e-12 (`"hf"`); another eps takes the preset
+    with the same GELU and the nearest eps, with a warning; a `hidden_act` other than GELU
+    (exact or tanh) is a `CheckpointError`.
+    """
+    if format != "hf":
+        return {"google_npz": "jax"}.get(format, "timm")
+    hf_config = hf_config or {}
+    activation = hf_config.get("hidden_act", "gelu")
+    if activation not in _HF_GELU:
+        raise CheckpointError(
+            f"The transformers config has hidden_act={activation!r}: keras_vit ViTs compute GELU, exact or "
+            f"tanh-approximated ({sorted(_HF_GELU)})."
+        )
+    epsilon = float(hf_config.get("layer_norm_eps", NUMERICS["hf"].layer_norm_epsilon))
+    approximate = _HF_GELU[activation]
+    candidates = [name for name in ("hf", "timm", "jax") if NUMERICS[name].approximate_gelu == approximate]
+    name = min(candidates, key=lambda name: abs(math.log10(NUMERICS[name].layer_norm_epsilon / epsilon)))
+    if NUMERICS[name].layer_norm_epsilon != epsilon:
+        warnings.warn(
+            f"The transformers config has layer_norm_eps={epsilon:g}, which no keras_vit numerics has: "
+            f"using numerics={name!r} (LayerNorm eps {NUMERICS[name].layer_norm_epsilon:g}).",
+            stacklevel=3,
+        )
+    return name
+
+
+def _read(source, format: str | None, hf_config: Mapping | None = None) -> _Checkpoint:
     path = None if isinstance(source, Mapping) else resolve_checkpoint_file(source)
     if path is None:
         state, label = {str(key): np.asarray(value) for key, value in source.items()}, "state dict"
@@ -127,7 +201,9 @@ def _read(source, format: str | None) -> _Checkpoint:
         format = detect_format(state)
     elif format not in FORMATS:
         raise CheckpointError(f"Unknown checkpoint format {format!r}: use one of {sorted(FORMATS)}.")
-    config = _hf_config(path) if format == "hf" and path is not None else {}
+    config = {}
+    if format == "hf":
+        config = read_hf_config(path) if hf_config is None and path is not None else dict(hf_config or {})
     module = FORMATS[format]
     flat = module.normalise(state)
     stem = {key: flat.pop(key) for key in [key for key in flat if module.is_stem_key(key)]}
@@ -138,7 +214,8 @@ def _read(source, format: str | None) -> _Checkpoint:
         )
     stages = resnet_stem.resnet_stages(stem, format) if stem else None
     stored_heads = module.num_heads(flat) or config.get("num_attention_heads")
-    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label, stem, stages)
+    numerics = source_numerics(format, config)
+    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label, stem, stages, numerics)
 
 
 def _default_heads(hidden_size: int) -> int:
@@ -167,6 +244,61 @@ def _grid(tokens: int, stored: tuple[int, int] | None) -> tuple[int, int]:
     return side, side
 
 
+def _layout(conversion: Conversion) -> dict[str, bool | str]:
+    """The token layout of converted tensors: [class] token, pooling, LayerNorm after the pooling."""
+    tensors = conversion.tensors
+    class_token = common.CLASS_TOKEN in tensors
+    norm = tensors.get(common.ENCODER_NORM_SCALE)
+    fc_norm = norm is not None and norm.source in convert_timm.FC_NORM_KEYS
+    if f"{common.POOL}probe" in tensors:
+        pooling = "map"
+    else:  # timm's fc_norm follows average pooling, with or without a [class] token
+        pooling = "token" if class_token and not fc_norm else "gap"
+    return {"class_token": class_token, "pooling": pooling, "fc_norm": fc_norm}
+
+
+def _layout_arguments(layout: Mapping[str, bool | str]) -> str:
+    arguments = f'class_token={layout["class_token"]}, pooling="{layout["pooling"]}"'
+    return arguments + (", fc_norm=True" if layout["fc_norm"] else "")
+
+
+def _describe_layout(layout: Mapping[str, bool | str]) -> str:
+    token = "a [class] token" if layout["class_token"] else "no [class] token"
+    after = " followed by the final LayerNorm (timm fc_norm)" if layout["fc_norm"] else ""
+    pooling = {
+        "token": "the [class] token read out",
+        "gap": f"global average pooling{after}",
+        "map": "multihead attention pooling (MAP head)",
+        None: "no pooling (the token sequence is the output)",
+    }[layout["pooling"]]
+    return f"{token}, {pooling}"
+
+
+def _check_layout(model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion) -> None:
+    """A `CheckpointError` naming the layout found and the factory arguments that fit, if the model's differs.
+
+    The [class] token, an attention-pooling head and the LayerNorm's place must agree; a
+    [class]-token checkpoint may load into a model that pools by the patch mean (`"gap"`) or
+    returns tokens (`None`), and a class-token-free one into a token-sequence model.
+    """
+    found, config = _layout(conversion), model.config
+    fits = (
+        found["class_token"] == config.class_token
+        and (found["pooling"] == "map") == (config.pooling == "map")
+        and found["fc_norm"] == config.fc_norm
+    )
+    if fits:
+        return
+    model_layout = {"class_token": config.class_token, "pooling": config.pooling, "fc_norm": config.fc_norm}
+    arguments = _layout_arguments(found)
+    raise CheckpointError(
+        f"The {checkpoint.format} checkpoint {checkpoint.label} has {_describe_layout(found)}; model "
+        f"{model.name!r} has {_describe_layout(model_layout)}. Build the model with {arguments} "
+        f"(e.g. keras_vit.create_model(<variant>, {arguments})), or pass the file as pretrained= to a "
+        "factory without them: it then takes the checkpoint's layout."
+    )
+
+
 def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
     tensors = conversion.tensors
     needed = (common.PATCH_KERNEL, common.POS_EMBED, "block_0/fc1/kernel")
@@ -189,6 +321,7 @@ def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
     patch_size = int(kernel.shape[0])
     head = tensors.get(common.HEAD_KERNEL)
     pre_logits = tensors.get(common.PRE_LOGITS_KERNEL)
+    layout = _layout(conversion)
     architecture = (patch_size, hidden_size, depth, num_heads, mlp_dim, checkpoint.resnet_stages)
     variant = next(
         (
@@ -213,25 +346,31 @@ def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
         num_heads=num_heads,
         mlp_dim=mlp_dim,
         patch_size=patch_size,
-        grid=_grid(pos_embed.shape[1] - 1, checkpoint.stored_grid),
+        grid=_grid(pos_embed.shape[1] - int(layout["class_token"]), checkpoint.stored_grid),
         channels=int(kernel.shape[2]),
         num_classes=None if head is None else int(head.value.shape[-1]),
         representation_size=None if pre_logits is None else int(pre_logits.value.shape[-1]),
         variant=variant,
         resnet_stages=checkpoint.resnet_stages,
+        **layout,
+        numerics=checkpoint.numerics,
     )
 
 
 def inspect_checkpoint(
-    state_or_path: Mapping[str, np.ndarray] | str | os.PathLike, *, format: str | None = None
+    state_or_path: Mapping[str, np.ndarray] | str | os.PathLike,
+    *,
+    format: str | None = None,
+    hf_config: Mapping | None = None,
 ) -> CheckpointInfo:
     """The architecture of a checkpoint (a path, or a state dict from `read_checkpoint`).
 
     Head counts come from the weights where the format stores them per head (Google .npz),
-    from `config.json` next to a transformers file, and otherwise from the keras_vit variant of
-    the same width (hidden_size / 64 for other widths).
+    from `config.json` next to a transformers file (or `hf_config`, its contents, for a state
+    dict), and otherwise from the keras_vit variant of the same width (hidden_size / 64 for
+    other widths).
     """
-    checkpoint = _read(state_or_path, format)
+    checkpoint = _read(state_or_path, format, hf_config)
     heads = checkpoint.stored_heads
     if heads is None:
         patch = checkpoint.module.convert(checkpoint.flat, None).tensors.get(common.PATCH_KERNEL)
@@ -335,6 +474,7 @@ def load_checkpoint(
     source: Mapping[str, np.ndarray] | str | os.PathLike,
     *,
     format: str | None = None,
+    pos_embed_interpolation: str | None = None,
 ) -> None:
     """Copy a checkpoint's weights into a keras_vit `model`, every tensor by name, shapes checked.
 
@@ -342,27 +482,44 @@ def load_checkpoint(
     `pytorch_model.bin`) or a state dict; `format` (`"google_npz"`, `"timm"`, `"hf"`) is
     detected from the keys when not given. Rules, as timm applies them:
 
-    - a position embedding for another patch grid is resampled to the model's
-      (`PositionEmbedding.assign_resized`: bicubic, antialiased, as timm's `checkpoint_filter_fn`);
+    - a position embedding for another patch grid is resampled to the model's with
+      `pos_embed_interpolation` (`keras_vit.pos_embed.POS_EMBED_INTERPOLATIONS`), by default
+      the source's own (`DEFAULT_POS_EMBED_INTERPOLATION`): for a Google `.npz` the original
+      code's `scipy.ndimage.zoom(order=1)` (`"jax"`), else timm's antialiased bicubic
+      (`"timm"`, its `checkpoint_filter_fn`);
     - a head with another class count, or none in the checkpoint, is not loaded: the model's
       head keeps its zero initialisation (paper §3.2), with a warning; a model without `head`
       (`include_top=False`) simply skips it;
     - a checkpoint's pre-logits layer (Google `pre_logits`, transformers `pooler`) loads into
       the model's `pre_logits` (`representation_size`), or is skipped with a warning;
     - for a model with other input `channels`, the patch kernel is adapted as timm's
-      `adapt_input_conv` does (summed for 1 channel, else repeated and rescaled).
+      `adapt_input_conv` does (summed for 1 channel, else repeated and rescaled);
+    - the token layout (`CheckpointInfo.layout`: a [class] token or none, an attention-pooling
+      head, timm's `fc_norm`) must be the model's; a `CheckpointError` names the layout found
+      and the factory arguments that fit (e.g. `class_token=False, pooling="gap"`). A
+      [class]-token checkpoint also loads into a `pooling="gap"` or `None` model.
 
     Everything else must match exactly: checkpoint keys that fill no weight, model weights that
-    get no value, and shape mismatches all raise one `CheckpointError` that lists them, before
-    any weight is changed. LayerNorm epsilon is the model's (1e-6, Google's value) whatever the
-    transformers `config.json` says (its default 1e-12 differs from 1e-6 by ~1e-6 relative).
+    get no value, and shape mismatches all raise one `CheckpointError` that lists them, as do
+    tensors that are not floating point (integer, bool, string: refused, not cast) or hold
+    NaN/Inf. Every value is read, checked and converted before any weight is changed: a failed
+    load leaves the model as it was. The numerics (GELU form, epsilons: `ViTConfig.numerics`)
+    are the model's: `create_model(..., pretrained=...)` builds the model with the checkpoint
+    source's (`CheckpointInfo.numerics`).
     """
     try:
         model_heads = config_of(model).num_heads
     except ValueError as error:
         raise CheckpointError(f"Checkpoints load into keras_vit models only. {error}") from None
     checkpoint = _read(source, format)
+    interpolation = pos_embed_interpolation or DEFAULT_POS_EMBED_INTERPOLATION[checkpoint.format]
+    if interpolation not in POS_EMBED_INTERPOLATIONS:
+        raise ValueError(
+            f"Unknown pos_embed_interpolation {interpolation!r}: use one of "
+            f"{sorted(POS_EMBED_INTERPOLATIONS)}."
+        )
     conversion = checkpoint.module.convert(checkpoint.flat, model_heads)
+    _check_layout(model, checkpoint, conversion)
     tensors = conversion.tensors
     targets = _model_targets(model)
     skip_head, skip_pre_logits, notes = _skipped_parts(model, tensors)
@@ -370,6 +527,7 @@ def load_checkpoint(
     assignments = _stem_assignments(model, checkpoint)
     resized_pos_embed: tuple[np.ndarray, tuple[int, int]] | None = None
     mismatched, unused, problems = [], [_describe_key(key, checkpoint.flat) for key in conversion.unused], []
+    bad = []  # tensors that cannot be weights: not floating point, NaN/Inf
     for name, tensor in tensors.items():
         if (name.startswith("head/") and skip_head) or (name.startswith("pre_logits/") and skip_pre_logits):
             continue
@@ -377,7 +535,12 @@ def load_checkpoint(
         if variable is None:
             unused.append(_describe(tensor))
             continue
-        expected, value = tuple(variable.shape), tensor.value
+        try:
+            value = as_weight(tensor.source, tensor.value, variable.dtype)
+        except CheckpointError as error:
+            bad.append(str(error))
+            continue
+        expected = tuple(variable.shape)
         if (
             name == common.POS_EMBED
             and value.ndim == 3
@@ -409,6 +572,11 @@ def load_checkpoint(
             f"The checkpoint has {checkpoint.stored_heads} attention heads, the model {model_heads}."
         )
 
+    if bad:
+        raise CheckpointError(
+            f"The {checkpoint.format} checkpoint {checkpoint.label} has {len(bad)} tensor(s) that cannot be "
+            "loaded (no weight of the model was changed):\n" + "\n".join(f"  {line}" for line in bad)
+        )
     if mismatched or unused or missing or problems:
         sections = [
             f"The {checkpoint.format} checkpoint {checkpoint.label} "
@@ -428,11 +596,19 @@ def load_checkpoint(
         )
         raise CheckpointError("\n".join(sections))
 
-    for variable, value in assignments:
-        variable.assign(np.asarray(value, dtype=variable.dtype))
-    if resized_pos_embed is not None:
+    if resized_pos_embed is not None:  # resampled before any weight changes, as every other value
         value, old_grid = resized_pos_embed
-        model.pos_embed.assign_resized(np.asarray(value, dtype=np.float32), old_grid=old_grid)
+        layer = model.pos_embed
+        resized = resize_pos_embed(
+            value,
+            layer.grid_size,
+            layer.num_prefix_tokens,
+            old_grid=old_grid,
+            **POS_EMBED_INTERPOLATIONS[interpolation],
+        )
+        assignments.append((layer.embedding, resized.reshape(layer.embedding.shape)))
+    for variable, value in assignments:  # every value checked and converted: nothing can fail half-way
+        variable.assign(value)
     for note in notes:
         warnings.warn(note, stacklevel=2)
 

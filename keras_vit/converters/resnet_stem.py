@@ -27,6 +27,7 @@ import numpy as np
 
 from keras_vit.converters.common import adapt_input_conv
 from keras_vit.converters.errors import CheckpointError
+from keras_vit.converters.reading import as_weight
 from keras_vit.hybrid import stem_units
 
 __all__ = ["FORMATS", "DEFAULT_PREFIXES", "is_stem_key", "resnet_stages", "stem_name_map", "stem_weights"]
@@ -155,7 +156,8 @@ def stem_weights(
     layout (HWIO kernels, flat GroupNorm parameters), checked against each variable's shape.
     Other keys of `state` are ignored unless they belong to a stem (`is_stem_key`): stem keys
     that fill no weight of `model` (a deeper ResNet's units) are an error, as are missing keys
-    and mismatched shapes; each raises `CheckpointError` naming them.
+    and mismatched shapes, and tensors that are not floating point or hold NaN/Inf; each raises
+    `CheckpointError` naming them.
     """
     mapping = stem_name_map(model, fmt, prefix)
     missing = [key for key in mapping if key not in state]
@@ -174,7 +176,7 @@ def stem_weights(
     pairs, mismatched = [], []
     root_kernel = _stem(model)["conv_root"].kernel
     for key, variable in mapping.items():
-        value = np.asarray(state[key], dtype=np.float32)
+        value = as_weight(key, state[key])  # float32; integer, string or NaN/Inf tensors refused
         if value.ndim == 4 and fmt == "timm":
             value = value.transpose(2, 3, 1, 0)  # OIHW -> HWIO
         elif len(variable.shape) == 1:
