@@ -106,9 +106,17 @@ def plan_steps(
     return steps_per_epoch, steps // steps_per_epoch
 
 
-def execution_steps(steps_per_epoch: int, requested: int | str = STEPS_PER_EXECUTION) -> int:
+def execution_steps(
+    steps_per_epoch: int, requested: int | str = STEPS_PER_EXECUTION, replicas: int = 1
+) -> int:
     """Train steps per call into TensorFlow: `requested`, or for `"auto"` the largest divisor of
-    `steps_per_epoch` up to `STEPS_PER_EXECUTION_CAP` (epochs, hence backups, end on a call)."""
+    `steps_per_epoch` up to `STEPS_PER_EXECUTION_CAP` (epochs, hence backups, end on a call).
+
+    `"auto"` with several replicas is 1: Keras 3.15's multi-step loop fails under
+    MirroredStrategy ("You must feed a value for placeholder tensor 'while/cond/Placeholder'").
+    """
+    if requested == "auto" and replicas > 1:
+        return 1
     if requested == "auto":
         return max(
             n for n in range(1, min(steps_per_epoch, STEPS_PER_EXECUTION_CAP) + 1) if steps_per_epoch % n == 0
@@ -527,7 +535,7 @@ def fit_task(
         epochs = task.default_epochs
     steps_per_epoch, fit_epochs = plan_steps(task.prepare(batch_size), steps, epochs, steps_per_epoch)
     total_steps = steps_per_epoch * fit_epochs
-    steps_per_execution = execution_steps(steps_per_epoch, steps_per_execution)
+    steps_per_execution = execution_steps(steps_per_epoch, steps_per_execution, strategy.num_replicas_in_sync)
     output_dir = os.fspath(output_dir)
     chief = is_chief(strategy)
     run = {

@@ -139,7 +139,7 @@ def test_execution_steps():
     assert (
         runs.execution_steps(22) == 22 and runs.execution_steps(1000) == 25 and runs.execution_steps(37) == 1
     )
-    assert runs.execution_steps(22, 11) == 11
+    assert runs.execution_steps(22, 11) == 11 and runs.execution_steps(22, replicas=2) == 1
     for bad in (0, 3, True, "2"):
         with pytest.raises(ValueError, match="steps_per_execution"):
             runs.execution_steps(22, bad)

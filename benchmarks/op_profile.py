@@ -1,7 +1,7 @@
 """Where a keras_vit step spends its time: TensorFlow's profiler, op time summed by class.
 
-    python benchmarks/profile.py                      # ViT-B/16 inference bs16 + ViT-S/16 training bs32
-    python benchmarks/profile.py --model vit_ti16 --steps 3
+    python benchmarks/op_profile.py                      # ViT-B/16 inference bs16 + ViT-S/16 training bs32
+    python benchmarks/op_profile.py --model vit_ti16 --steps 3
 
 Runs the TensorFlow graph path (`tf.function` forward for inference, Keras's compiled
 `train_on_batch` for training, XLA off: an XLA cluster hides its ops from the profiler) with
@@ -51,7 +51,9 @@ def _base_type(op_type: str) -> str:
 
 def classify(name: str, op_type: str) -> str:
     """The class of one TensorFlow op, from its type and its Keras name scope."""
-    lowered, op_type = name.lower(), _base_type(op_type)
+    # Grappler's rewrites ("ArithmeticOptimizer/...") are not the training optimizer.
+    lowered = name.lower().replace("arithmeticoptimizer", "").replace("layoutoptimizer", "")
+    op_type = _base_type(op_type)
     if any(word in op_type for word in _MATMUL_WORDS):  # Grappler's "ArithmeticOptimizer/..." too
         return "matmul"
     if "optimizer" in lowered or "adam" in lowered or op_type.startswith("ResourceApply"):
