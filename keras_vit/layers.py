@@ -255,6 +255,34 @@ class DropPath(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
+def _attention_projections(owner: str, hidden_size: int, num_heads: int, policy) -> tuple[int, tuple]:
+    """`(head_dim, (query, key, value, output))`: multi-head attention's unbuilt projections in Flax's
+    layouts (`(D, heads, head_dim)` kernels), shared by self-attention and attention pooling."""
+    if hidden_size % num_heads:
+        raise ValueError(f"{owner}: hidden size {hidden_size} is not divisible by {num_heads} heads.")
+    head_dim = hidden_size // num_heads
+    query, key, value = (
+        keras.layers.EinsumDense(
+            "abc,cde->abde",
+            output_shape=(None, num_heads, head_dim),
+            bias_axes="de",
+            kernel_initializer="glorot_uniform",
+            dtype=policy,
+            name=name,
+        )
+        for name in ("query", "key", "value")
+    )
+    output = keras.layers.EinsumDense(
+        "abcd,cde->abe",
+        output_shape=(None, hidden_size),
+        bias_axes="e",
+        kernel_initializer="glorot_uniform",
+        dtype=policy,
+        name="attention_output",
+    )
+    return head_dim, (query, key, value, output)
+
+
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head self-attention with the original checkpoints' kernel layout, computed as plain GEMMs.
 
@@ -285,32 +313,11 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     def build(self, input_shape):
         hidden_size = input_shape[-1]
-        if hidden_size % self.num_heads:
-            raise ValueError(
-                f"{self.name}: hidden size {hidden_size} is not divisible by {self.num_heads} heads."
-            )
         self.hidden_size = hidden_size
-        self.head_dim = hidden_size // self.num_heads
-        heads = (None, self.num_heads, self.head_dim)
-        self.query_dense, self.key_dense, self.value_dense = (
-            keras.layers.EinsumDense(
-                "abc,cde->abde",
-                output_shape=heads,
-                bias_axes="de",
-                kernel_initializer="glorot_uniform",
-                dtype=self.dtype_policy,
-                name=name,
-            )
-            for name in ("query", "key", "value")
+        self.head_dim, projections = _attention_projections(
+            self.name, hidden_size, self.num_heads, self.dtype_policy
         )
-        self.output_dense = keras.layers.EinsumDense(
-            "abcd,cde->abe",
-            output_shape=(None, hidden_size),
-            bias_axes="e",
-            kernel_initializer="glorot_uniform",
-            dtype=self.dtype_policy,
-            name="attention_output",
-        )
+        self.query_dense, self.key_dense, self.value_dense, self.output_dense = projections
         self.dropout_layer = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy, name="dropout")
         for projection in (self.query_dense, self.key_dense, self.value_dense):
             projection.build(input_shape)
@@ -564,33 +571,12 @@ class MultiheadAttentionPooling(keras.layers.Layer):
 
     def build(self, input_shape):
         hidden_size = input_shape[-1]
-        if hidden_size % self.num_heads:
-            raise ValueError(
-                f"{self.name}: hidden size {hidden_size} is not divisible by {self.num_heads} heads."
-            )
-        self.hidden_size, self.head_dim = hidden_size, hidden_size // self.num_heads
         policy = self.dtype_policy
+        self.hidden_size = hidden_size
+        self.head_dim, projections = _attention_projections(self.name, hidden_size, self.num_heads, policy)
+        self.query_dense, self.key_dense, self.value_dense, self.output_dense = projections
         self.probe = self.add_weight(
             name="probe", shape=(1, 1, hidden_size), initializer=self.probe_initializer
-        )
-        self.query_dense, self.key_dense, self.value_dense = (
-            keras.layers.EinsumDense(
-                "abc,cde->abde",
-                output_shape=(None, self.num_heads, self.head_dim),
-                bias_axes="de",
-                kernel_initializer="glorot_uniform",
-                dtype=policy,
-                name=name,
-            )
-            for name in ("query", "key", "value")
-        )
-        self.output_dense = keras.layers.EinsumDense(
-            "abcd,cde->abe",
-            output_shape=(None, hidden_size),
-            bias_axes="e",
-            kernel_initializer="glorot_uniform",
-            dtype=policy,
-            name="attention_output",
         )
         self.norm = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="norm"

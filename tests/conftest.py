@@ -23,6 +23,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from keras_vit.converters.write_timm import TIMM_ARCHITECTURES  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def _float32_policy():
@@ -39,17 +41,7 @@ def rng() -> np.random.Generator:
 
 
 # keras_vit variant -> timm model name of the same architecture at 224 px (1000-class head).
-TIMM_NAMES = {
-    "vit_ti16": "vit_tiny_patch16_224",
-    "vit_s16": "vit_small_patch16_224",
-    "vit_s32": "vit_small_patch32_224",
-    "vit_b8": "vit_base_patch8_224",
-    "vit_b16": "vit_base_patch16_224",
-    "vit_b32": "vit_base_patch32_224",
-    "vit_l16": "vit_large_patch16_224",
-    "vit_l32": "vit_large_patch32_224",
-    "vit_h14": "vit_huge_patch14_224",
-}
+TIMM_NAMES = TIMM_ARCHITECTURES
 HYBRID_TIMM_NAMES = {
     "vit_r50_b16": "vit_base_r50_s16_224",
     "vit_r50_l32": "vit_large_r50_s32_224",

@@ -29,17 +29,29 @@ def test_cli_turns_onednn_on_unless_the_user_said_otherwise(given, expected):
     assert done.stdout.strip().splitlines()[-1] == expected
 
 
-def test_import_notes_tensorflow_imported_with_onednn_off():
-    """TensorFlow already imported with the kernels off (variable unset since): one clear note."""
+def _after_tensorflow_without_onednn(setup: str, statement: str) -> str:
+    """Output of `print(statement, warnings)` in a process whose TensorFlow was imported with the
+    kernels off (the variable unset since), `setup` run before warnings are recorded."""
     code = (
-        "import os, warnings, tensorflow; os.environ.pop('TF_ENABLE_ONEDNN_OPTS')\n"
+        f"import os, warnings, tensorflow; os.environ.pop('TF_ENABLE_ONEDNN_OPTS'); {setup}\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always'); import keras_vit\n"
-        "print([str(w.message) for w in caught])"
+        f"    warnings.simplefilter('always'); value = {statement}\n"
+        "print(value, [str(w.message) for w in caught])"
     )
     done = _run(code, **{ONEDNN_VARIABLE: "0"})
     assert done.returncode == 0, done.stderr
-    assert "oneDNN CPU kernels off" in done.stdout and "keras_vit.enable_onednn()" in done.stdout
+    return done.stdout
+
+
+def test_import_notes_tensorflow_imported_with_onednn_off():
+    """TensorFlow already imported with the kernels off (variable unset since): one clear note."""
+    out = _after_tensorflow_without_onednn("pass", "__import__('keras_vit')")
+    assert "oneDNN CPU kernels off" in out and "keras_vit.enable_onednn()" in out
+
+
+def test_enable_onednn_after_tensorflow_says_it_is_too_late():
+    out = _after_tensorflow_without_onednn("import keras_vit", "keras_vit.enable_onednn()")
+    assert out.startswith("False") and "set TF_ENABLE_ONEDNN_OPTS=1" in out
 
 
 def test_parity_holds_with_onednn_the_other_way():

@@ -145,6 +145,17 @@ def test_execution_steps():
             runs.execution_steps(22, bad)
 
 
+def test_cli_refuses_bad_steps_per_execution(capsys):
+    from keras_vit.cli import build_parser
+
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(SystemExit) as stopped:
+            build_parser().parse_args(["train", "--steps-per-execution", bad])
+        assert stopped.value.code == 2
+        assert "expected 'auto' or a positive integer" in capsys.readouterr().err
+    assert build_parser().parse_args(["train", "--steps-per-execution", "11"]).steps_per_execution == 11
+
+
 @pytest.mark.slow
 def test_steps_per_execution_gives_the_same_run(tmp_path):
     """Several steps per call (the default) trains exactly as one step per call."""

@@ -56,9 +56,12 @@ _TOP = {
 _MAP_HEAD = "MAPHead_0/"
 
 
-def _map_head_map() -> dict[str, common.Rules]:
-    """big_vision's `MAPHead` keys -> the `pool` layer's weights (same layouts, copied as they are)."""
-    mapping = {f"{_MAP_HEAD}probe": rules((f"{common.POOL}probe", keep))}
+def _attention_and_mlp(
+    attention: str, attention_target: str, mlp: str, mlp_target: str
+) -> dict[str, common.Rules]:
+    """Flax `MultiHeadDotProductAttention` keys under `attention` and `MlpBlock` keys under `mlp` -> the
+    layer weights under `attention_target` / `mlp_target` (same layouts, copied as they are)."""
+    mapping = {}
     for source, target in (
         ("query", "query"),
         ("key", "key"),
@@ -66,16 +69,21 @@ def _map_head_map() -> dict[str, common.Rules]:
         ("out", "attention_output"),
     ):
         for weight in ("kernel", "bias"):
-            mapping[f"{_MAP_HEAD}MultiHeadDotProductAttention_0/{source}/{weight}"] = rules(
-                (f"{common.POOL}{target}/{weight}", keep)
-            )
-    for weight, target in (("scale", "gamma"), ("bias", "beta")):
-        mapping[f"{_MAP_HEAD}LayerNorm_0/{weight}"] = rules((f"{common.POOL}norm/{target}", keep))
+            mapping[f"{attention}/{source}/{weight}"] = rules((f"{attention_target}{target}/{weight}", keep))
     for dense, target in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
         for weight in ("kernel", "bias"):
-            mapping[f"{_MAP_HEAD}MlpBlock_0/{dense}/{weight}"] = rules(
-                (f"{common.POOL}{target}/{weight}", keep)
-            )
+            mapping[f"{mlp}/{dense}/{weight}"] = rules((f"{mlp_target}{target}/{weight}", keep))
+    return mapping
+
+
+def _map_head_map() -> dict[str, common.Rules]:
+    """big_vision's `MAPHead` keys -> the `pool` layer's weights (same layouts, copied as they are)."""
+    mapping = {f"{_MAP_HEAD}probe": rules((f"{common.POOL}probe", keep))}
+    mapping |= _attention_and_mlp(
+        f"{_MAP_HEAD}MultiHeadDotProductAttention_0", common.POOL, f"{_MAP_HEAD}MlpBlock_0", common.POOL
+    )
+    for weight, target in (("scale", "gamma"), ("bias", "beta")):
+        mapping[f"{_MAP_HEAD}LayerNorm_0/{weight}"] = rules((f"{common.POOL}norm/{target}", keep))
     return mapping
 
 
@@ -97,19 +105,7 @@ def _block_map() -> dict[str, common.Rules]:
         for norm in ("norm1", "norm2"):
             mapping[f"{names[norm][naming]}/scale"] = rules((f"{norm}/gamma", keep))
             mapping[f"{names[norm][naming]}/bias"] = rules((f"{norm}/beta", keep))
-        for source, target in (
-            ("query", "query"),
-            ("key", "key"),
-            ("value", "value"),
-            ("out", "attention_output"),
-        ):
-            for weight in ("kernel", "bias"):
-                mapping[f"{names['attention'][naming]}/{source}/{weight}"] = rules(
-                    (f"attention/{target}/{weight}", keep)
-                )
-        for dense, target in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-            for weight in ("kernel", "bias"):
-                mapping[f"{names['mlp'][naming]}/{dense}/{weight}"] = rules((f"{target}/{weight}", keep))
+        mapping |= _attention_and_mlp(names["attention"][naming], "attention/", names["mlp"][naming], "")
     return mapping
 
 

@@ -36,6 +36,14 @@ def check_writable(model: keras.Model, format_name: str) -> ViTConfig:
     return config
 
 
+def refuse_inexpressible(model: keras.Model, format_label: str, problems: list[str]) -> None:
+    """One `NotExpressibleError` listing every part of `model` the format cannot express, if any."""
+    if problems:
+        raise NotExpressibleError(
+            f"The {format_label} format cannot express model {model.name!r}: " + "; ".join(problems) + "."
+        )
+
+
 def numerics(config: ViTConfig) -> Numerics:
     """The GELU form and epsilons the model computes with (`keras_vit.variants.NUMERICS`)."""
     return NUMERICS[config.numerics]

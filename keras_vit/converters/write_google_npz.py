@@ -20,9 +20,9 @@ import numpy as np
 
 from keras_vit.converters import convert_google_npz
 from keras_vit.converters.write_common import (
-    NotExpressibleError,
     check_writable,
     contiguous,
+    refuse_inexpressible,
     stem_state,
     transformer_state,
 )
@@ -36,10 +36,13 @@ def check(model: keras.Model) -> None:
     """A `NotExpressibleError` for timm's LayerNorm after the pooling (`fc_norm`): Google files have none."""
     config = check_writable(model, NAME)
     if config.fc_norm:
-        raise NotExpressibleError(
-            f"The google_npz format cannot express model {model.name!r}: its final LayerNorm follows the "
-            "average pooling (fc_norm=True, timm's layout), the Google layout normalises the tokens before "
-            "pooling (Transformer/encoder_norm); use the timm format."
+        refuse_inexpressible(
+            model,
+            NAME,
+            [
+                "its final LayerNorm follows the average pooling (fc_norm=True, timm's layout), the Google "
+                "layout normalises the tokens before pooling (Transformer/encoder_norm); use the timm format"
+            ],
         )
 
 

@@ -22,10 +22,10 @@ from safetensors.numpy import save_file
 
 from keras_vit.converters import convert_hf
 from keras_vit.converters.write_common import (
-    NotExpressibleError,
     check_writable,
     contiguous,
     numerics,
+    refuse_inexpressible,
     transformer_state,
 )
 from keras_vit.preprocessing import Preprocessing
@@ -54,10 +54,7 @@ def check(model: keras.Model) -> None:
             "a pre-logits layer before the head (ViTForImageClassification has no pooler in front of its "
             "classifier; write the model without its head to get a ViTModel with the pooler)"
         )
-    if problems:
-        raise NotExpressibleError(
-            f"The transformers format cannot express model {model.name!r}: " + "; ".join(problems) + "."
-        )
+    refuse_inexpressible(model, "transformers", problems)
 
 
 def state_dict(model: keras.Model) -> dict[str, np.ndarray]:

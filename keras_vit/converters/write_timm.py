@@ -23,10 +23,10 @@ from safetensors.numpy import save_file
 
 from keras_vit.converters import convert_timm
 from keras_vit.converters.write_common import (
-    NotExpressibleError,
     check_writable,
     contiguous,
     numerics,
+    refuse_inexpressible,
     stem_state,
     transformer_state,
 )
@@ -34,8 +34,9 @@ from keras_vit.preprocessing import Preprocessing
 
 NAME = "timm"
 WEIGHTS_FILE = "model.safetensors"
-# keras_vit variant -> timm's registered model of the same architecture (model_args set every size anyway).
-_ARCHITECTURES = {
+# keras_vit variant -> timm's registered model of the same architecture at 224 px (model_args set every
+# size anyway; the tests build their timm references from it).
+TIMM_ARCHITECTURES = {
     "vit_ti16": "vit_tiny_patch16_224",
     "vit_s16": "vit_small_patch16_224",
     "vit_s32": "vit_small_patch32_224",
@@ -83,10 +84,7 @@ def check(model: keras.Model) -> None:
             )
     if int(config.hidden_size * (config.mlp_dim / config.hidden_size)) != config.mlp_dim:
         problems.append(f"an MLP width {config.mlp_dim} that mlp_ratio cannot give from {config.hidden_size}")
-    if problems:
-        raise NotExpressibleError(
-            f"The timm format cannot express model {model.name!r}: " + "; ".join(problems) + "."
-        )
+    refuse_inexpressible(model, NAME, problems)
 
 
 def state_dict(model: keras.Model) -> dict[str, np.ndarray]:
@@ -108,7 +106,7 @@ def architecture(model: keras.Model) -> str:
     config = model.config
     if config.is_hybrid:
         return _HYBRIDS[config.resnet_stages]
-    return _ARCHITECTURES.get(config.name, "vit_base_patch16_224")
+    return TIMM_ARCHITECTURES.get(config.name, "vit_base_patch16_224")
 
 
 def model_args(model: keras.Model) -> dict:
