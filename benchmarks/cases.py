@@ -115,9 +115,11 @@ FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch", "keras_hub", "timm"
 class Case:
     """One measurement: a kind of work on one architecture, batch and precision.
 
-    kind: "matmul" (MATMUL_SIZE² square matmul: the framework's achievable rate), "infer"
-    (forward pass), "train" (full step), "first_call" (build + first prediction in a fresh
-    process), "pipeline" (`keras_vit.data.train_pipeline` alone, no model).
+    kind: "matmul" (MATMUL_SIZE² square matmul: the framework's achievable rate), "gemms"
+    (a model's forward matrix products alone, each shape as the model runs it: the rate no
+    implementation of that model and batch in the framework can beat), "infer" (forward pass),
+    "train" (full step), "first_call" (build + first prediction in a fresh process), "pipeline"
+    (`keras_vit.data.train_pipeline` alone, no model).
     `relative_to` names a case whose keras_vit training throughput this case is compared with.
     """
 
@@ -134,10 +136,17 @@ class Case:
     @property
     def flops_per_image(self) -> int | None:
         """Model FLOPs per image (forward, or a training step), None for other kinds."""
-        if self.kind not in ("infer", "train"):
+        if self.kind not in ("infer", "train", "gemms"):
             return None
         factor = TRAIN_FLOP_FACTOR if self.kind == "train" else 1
         return factor * forward_flops(ARCHS[self.arch])
+
+    @property
+    def gemms_case(self) -> str | None:
+        """The "gemms" case of this inference case's model and batch (its ceiling), if float32."""
+        if self.kind != "infer" or self.precision != "float32":
+            return None
+        return f"gemms_{self.arch.removeprefix('vit_')}_fp32_bs{self.batch}"
 
     @property
     def matmul_case(self) -> str:
@@ -184,6 +193,20 @@ CASES: dict[str, Case] = {
             f"{MATMUL_SIZE}³ bfloat16 matmul (TensorFlow, in the keras_vit worker)",
             ("keras_vit",),
             precision="bfloat16",
+        ),
+        *(
+            Case(
+                f"gemms_b16_fp32_bs{batch}",
+                "gemms",
+                f"ViT-B/16 matrix products alone, batch {batch}, float32",
+                f"ViT-B/16 {IMAGE_SIZE} px forward matrix products alone (patch embedding, per block "
+                f"q|k|v, q·kᵀ, attention·v, output projection, MLP; head), batch {batch}, float32, "
+                "eager TensorFlow: the ceiling of any TensorFlow ViT-B/16 at this batch",
+                ("keras_vit",),
+                "vit_b16",
+                batch,
+            )
+            for batch in (1, 16)
         ),
         _model_case("infer", "vit_b16", 1, "float32"),
         _model_case("infer", "vit_b16", 16, "float32"),

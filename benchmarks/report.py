@@ -129,6 +129,10 @@ def other_rows(cases: dict) -> list[str]:
                 f"{'PyTorch' if competitor == 'timm' else 'TensorFlow'} {_cell(entry, 'gflops', 0)} GFLOP/s"
                 for competitor, entry in entries.items()
             ]
+        elif case.kind == "gemms":
+            entry = entries.get("keras_vit")
+            rate = f"TensorFlow {_cell(entry, 'gflops', 0)} GFLOP/s"
+            parts = [f"{rate} = {_cell(entry, 'images_per_s')} images/s"]
         elif case.kind == "first_call":
             parts = [f"{competitor} {_cell(entry, 'seconds')} s" for competitor, entry in entries.items()]
             if {"keras_vit", "keras_hub"} <= set(entries):

@@ -478,6 +478,11 @@ def summarise(results: dict, max_other: float) -> None:
             for entry in record["competitors"].values():
                 if "gflops" in entry:
                     entry["matmul_share"] = entry["gflops"]["median"] / reference["gflops"]["median"]
+        ceiling = results.get(case.gemms_case or "", {}).get("competitors", {}).get("keras_vit", {})
+        if "gflops" in ceiling:
+            for entry in record["competitors"].values():
+                if "gflops" in entry:
+                    entry["gemms_share"] = entry["gflops"]["median"] / ceiling["gflops"]["median"]
         if case.relative_to in results:
             other = results[case.relative_to]
             rounds = [r for r in record["kept_rounds"] if r in other["kept_rounds"]] or record["kept_rounds"]
@@ -516,6 +521,8 @@ def describe(name: str, record: dict) -> list[str]:
                 text += f"  {entry['gflops']['median']:6.1f} GFLOP/s"
             if "matmul_share" in entry:
                 text += f" = {100 * entry['matmul_share']:.0f}% of TF {case.matmul_case.split('_')[1]} matmul"
+            if "gemms_share" in entry:
+                text += f", {100 * entry['gemms_share']:.0f}% of its matrix products alone"
         else:
             text = "no measurement"
         if "failed" in entry:

@@ -329,6 +329,8 @@ class TensorFlowKerasWorker(KerasWorker):
             return timed(lambda: tf.linalg.matmul(a, b), lambda result: result[0, 0].numpy()), None
         if case.kind == "pipeline":
             return self._pipeline_runner(case), None
+        if case.kind == "gemms":
+            return self._gemms_runner(case), None
         images, labels = random_batch(case.batch)
         if case.kind == "infer":
             return self._infer_runner(case, jit, images)
@@ -359,6 +361,45 @@ class TensorFlowKerasWorker(KerasWorker):
         iterator = iter(dataset)
         model.make_train_function()
         return timed(lambda: float(model.train_function(iterator)["loss"])), model.count_params()
+
+    def _gemms_runner(self, case: Case) -> Runner:
+        """One call: every matrix product of the case's forward pass, in order, each layer with
+        weights of its own (as in the model: no layer's weights are still in cache), eager."""
+        tf, arch = self.tf, ARCHS[case.arch]
+        width, heads, mlp = arch.hidden_size, arch.num_heads, arch.mlp_dim
+        patches = (IMAGE_SIZE // arch.patch_size) ** 2
+        rows = case.batch * (patches + 1)
+        head_rows = (case.batch * heads, patches + 1, width // heads)
+
+        def normal(*shape):
+            return tf.random.stateless_normal(shape, (len(shape), sum(shape)))
+
+        pixels = arch.patch_size**2 * CHANNELS
+        embedding = normal(case.batch * patches, pixels), normal(pixels, width)
+        tokens, hidden = normal(rows, width), normal(rows, mlp)
+        query, key, value = normal(*head_rows), normal(*head_rows), normal(*head_rows)
+        blocks = [
+            [normal(width, 3 * width), normal(width, width), normal(width, mlp), normal(mlp, width)]
+            for _ in range(arch.depth)
+        ]
+        pooled, head = normal(case.batch, width), normal(width, NUM_CLASSES)
+
+        def forward():
+            results = [tf.linalg.matmul(*embedding)]
+            for qkv, output, fc1, fc2 in blocks:
+                logits = tf.linalg.matmul(query, key, transpose_b=True)
+                results += [
+                    tf.linalg.matmul(tokens, qkv),
+                    logits,
+                    tf.linalg.matmul(logits, value),
+                    tf.linalg.matmul(tokens, output),
+                    tf.linalg.matmul(tokens, fc1),
+                    tf.linalg.matmul(hidden, fc2),
+                ]
+            results.append(tf.linalg.matmul(pooled, head))
+            return results
+
+        return timed(forward, lambda results: [result[0, 0].numpy() for result in results])
 
     def _pipeline_runner(self, case: Case) -> Runner:
         if self.framework != "keras_vit":

@@ -406,6 +406,31 @@ def _fused_attention_wins() -> bool:
     return False
 
 
+@ops.custom_gradient
+def _erf_gelu_lean_gradient(x):
+    """Exact GELU x·Φ(x) whose derivative Φ(x) + x·φ(x) is written out (Φ kept from the forward).
+
+    TensorFlow differentiates `ops.gelu`'s erf form op by op (erf's derivative, then the products
+    and sums around it): ~8% of a ViT-S/16 training step on a CPU. Same values as `ops.gelu`.
+    """
+    cdf = 0.5 * (1.0 + ops.erf(x / np.sqrt(2.0)))
+
+    def gradient(*args, upstream=None):  # (upstream) on TensorFlow, upstream= on torch
+        upstream = args[-1] if upstream is None else upstream
+        return upstream * (cdf + x * (ops.exp(-0.5 * ops.square(x)) / np.sqrt(2.0 * np.pi)))
+
+    return x * cdf, gradient
+
+
+def _gelu(x, approximate: bool, training) -> object:
+    """GELU of an MLP: the lean-gradient exact form while training on TensorFlow, else `ops.gelu`
+    (whose forward oneDNN fuses into the preceding matmul at inference; JAX and torch have fused
+    GELU gradients of their own)."""
+    if training and not approximate and keras.backend.backend() == "tensorflow":
+        return _erf_gelu_lean_gradient(x)
+    return ops.gelu(x, approximate=approximate)
+
+
 def _statistics_dtype(dtype) -> str:
     """float32 for half-precision tensors (softmax statistics), else the dtype itself."""
     dtype = keras.backend.standardize_dtype(dtype)
@@ -486,7 +511,7 @@ class TransformerBlock(keras.layers.Layer):
         tokens = tokens + self.drop_path_layer(attended, training=training)
 
         hidden = ops.reshape(self.norm2(tokens), (-1, tokens.shape[-1]))
-        hidden = ops.gelu(self.fc1(hidden), approximate=self.approximate_gelu)
+        hidden = _gelu(self.fc1(hidden), self.approximate_gelu, training)
         hidden = self.dropout_layer(hidden, training=training)
         hidden = self.dropout_layer(self.fc2(hidden), training=training)
         tokens = tokens + self.drop_path_layer(ops.reshape(hidden, ops.shape(tokens)), training=training)

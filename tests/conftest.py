@@ -25,6 +25,17 @@ import pytest  # noqa: E402
 
 from keras_vit.converters.write_timm import TIMM_ARCHITECTURES  # noqa: E402
 
+TEST_WORKERS_CAP = 4  # each worker imports TensorFlow, PyTorch and JAX (~2 GB) and runs 2-thread ops
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (setup.cfg): one worker per CPU this process may use, at most TEST_WORKERS_CAP.
+
+    Much of the suite's time is single-threaded (imports, subprocesses, Python-side model
+    building), so two workers on a 2-core machine finish well before one process.
+    """
+    return max(1, min(len(os.sched_getaffinity(0)), TEST_WORKERS_CAP))
+
 
 @pytest.fixture(autouse=True)
 def _float32_policy():

@@ -91,14 +91,17 @@ def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_p
 
 
 # The backend-neutral modules: models and their contract, every converter's parity, hybrids,
-# quantization and LoRA (the layers run inside all of them; tests/test_layers.py's own checks of
-# each layer's arithmetic were run on all three backends once and are left to TensorFlow to keep
-# CI short). Data pipelines, tf.distribute and export are TensorFlow by nature.
+# quantization and LoRA, parity with the original JAX code and the GAP/MAP layouts (the layers
+# run inside all of them; tests/test_layers.py's own checks of each layer's arithmetic were run
+# on all three backends once and are left to TensorFlow to keep CI short). Data pipelines,
+# tf.distribute and export are TensorFlow by nature.
 NEUTRAL_MODULES = [
     "test_model_contract.py",
     "test_converters.py",
     "test_hybrid.py",
     "test_quantization_lora.py",
+    "test_original_code.py",
+    "test_pooling_layouts.py",
 ]
 
 
@@ -109,7 +112,7 @@ def test_backend_neutral_suite_passes_on(backend):
     tests = Path(__file__).parent
     modules = [str(tests / name) for name in NEUTRAL_MODULES if (tests / name).exists()]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:randomly", *modules],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "not slow", "-p", "no:randomly", *modules],
         env=subprocess_env(KERAS_BACKEND=backend),
         capture_output=True,
         text=True,
