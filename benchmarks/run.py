@@ -450,6 +450,17 @@ def family_speeds(table: dict[str, list[float]]) -> dict[str, list[float]]:
     }
 
 
+def add_shares(record: dict, results: dict, reference_case: str | None, key: str) -> None:
+    """Each competitor's GFLOP/s as a share of keras_vit's in `reference_case`, stored under `key`
+    (nothing if that case did not run)."""
+    reference = results.get(reference_case or "", {}).get("competitors", {}).get("keras_vit", {})
+    if "gflops" not in reference:
+        return
+    for entry in record["competitors"].values():
+        if "gflops" in entry:
+            entry[key] = entry["gflops"]["median"] / reference["gflops"]["median"]
+
+
 def summarise(results: dict, max_other: float) -> None:
     """Add kept rounds, medians, per-round ratios, GFLOP/s and matmul shares to every case."""
     for name, record in results.items():
@@ -473,16 +484,9 @@ def summarise(results: dict, max_other: float) -> None:
                 record["ratios"].update(ratios(families, prefix="family:"))
     for name, record in results.items():
         case = CASES[name]
-        reference = results.get(case.matmul_case, {}).get("competitors", {}).get("keras_vit", {})
-        if case.flops_per_image and "gflops" in reference:
-            for entry in record["competitors"].values():
-                if "gflops" in entry:
-                    entry["matmul_share"] = entry["gflops"]["median"] / reference["gflops"]["median"]
-        ceiling = results.get(case.gemms_case or "", {}).get("competitors", {}).get("keras_vit", {})
-        if "gflops" in ceiling:
-            for entry in record["competitors"].values():
-                if "gflops" in entry:
-                    entry["gemms_share"] = entry["gflops"]["median"] / ceiling["gflops"]["median"]
+        if case.flops_per_image:
+            add_shares(record, results, case.matmul_case, "matmul_share")
+        add_shares(record, results, case.gemms_case, "gemms_share")
         if case.relative_to in results:
             other = results[case.relative_to]
             rounds = [r for r in record["kept_rounds"] if r in other["kept_rounds"]] or record["kept_rounds"]

@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 
 from keras_vit.converters.write_timm import TIMM_ARCHITECTURES  # noqa: E402
 
-TEST_WORKERS_CAP = 4  # each worker imports TensorFlow, PyTorch and JAX (~2 GB) and runs 2-thread ops
+TEST_WORKERS_CAP = 4  # each worker imports TensorFlow, PyTorch and the references (~2 GB), 2-thread ops
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
