@@ -308,6 +308,7 @@ def _cmd_train(args) -> int:
         ema_momentum=args.ema,
         dropout=args.dropout,
         drop_path_rate=args.drop_path,
+        mixup_alpha=args.mixup,
         test_split=args.test_split,
         **_run_arguments(args),
     )
@@ -471,6 +472,13 @@ def _add_training_parser(commands, name: str) -> None:
         type=_RATE,
         default=None,
         help=f"stochastic depth rate (default {defaults.SCRATCH_DROP_PATH} from scratch, 0 fine-tuning)",
+    )
+    model.add_argument(
+        "--mixup",
+        type=_NON_NEGATIVE_NUMBER,
+        default=None,
+        help=f"mixup Beta(alpha, alpha) of the training batches, 0 off (default {defaults.SCRATCH_MIXUP} "
+        "from scratch, 0 fine-tuning)",
     )
     dataset, schedule = _add_data_and_length_arguments(
         parser,

@@ -9,8 +9,9 @@ SPARSE int32 class index (`keras_vit.recipes.loss` takes sparse labels).
 
 `train_pipeline` is an endless stream of batches whose content is a pure function of
 `(seed, epoch)`: the examples are read in passes, each pass a permutation drawn with
-stateless random ops from `(seed, pass)`, and the inception crop and flip of each example
-are drawn from `(seed, pass, position in pass)`. Epoch `e` is the stretch of batches
+stateless random ops from `(seed, pass)`, the inception crop and flip of each example
+are drawn from `(seed, pass, position in pass)`, and mixup's weight of each batch from
+`(seed, batch index)`. Epoch `e` is the stretch of batches
 `[e * steps, (e + 1) * steps)` of that stream, so a fresh process built with
 `start_epoch=k` yields exactly what an uninterrupted run yields from epoch `k` on: the basis
 of exact resume with epoch-granular backups. Nothing depends on TensorFlow's global seed.
@@ -38,7 +39,7 @@ from keras_vit.environment import install_hint
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.pretrained import model_entry
 from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
-from keras_vit.validation import check_pixel_count, one_of, optional, positive_int
+from keras_vit.validation import check_pixel_count, one_of, optional, positive_int, positive_number
 
 __all__ = [
     "BAD_IMAGE_ACTIONS",
@@ -64,7 +65,7 @@ ShardPolicy = tf.data.experimental.AutoShardPolicy
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 INTERPOLATIONS = ("bilinear", "bicubic", "area", "nearest")
 # Independent random streams derived from the user's seed.
-_SHUFFLE_STREAM, _AUGMENT_STREAM = 0, 1
+_SHUFFLE_STREAM, _AUGMENT_STREAM, _MIXUP_STREAM = 0, 1, 2
 
 
 class DataNotPreparedError(FileNotFoundError):
@@ -479,6 +480,26 @@ def _pass_records(source: Source, shuffle_key: tf.Tensor, shuffle_buffer: int) -
     return windows.map(shuffle_window).unbatch()
 
 
+def _mixup(alpha: float, num_classes: int, key: tf.Tensor) -> Callable:
+    """`(batch index, (images, labels))` -> the batch mixed with itself reversed, labels one-hot mixed."""
+    alpha = positive_number("mixup_alpha", alpha)
+
+    def mix(index, batch):
+        images, labels = batch
+        first, second = (
+            tf.random.stateless_gamma([], seed=seed, alpha=alpha)
+            for seed in tf.unstack(tf.random.experimental.stateless_split(_fold(key, index), 2))
+        )
+        weight = tf.math.divide_no_nan(first, first + second)  # Beta(alpha, alpha)
+
+        def blend(tensor):
+            return weight * tensor + (1.0 - weight) * tf.reverse(tensor, [0])
+
+        return blend(images), blend(tf.one_hot(labels, num_classes))
+
+    return mix
+
+
 def train_pipeline(
     source: Source,
     *,
@@ -495,13 +516,18 @@ def train_pipeline(
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip: bool = True,
     interpolation: str = "bilinear",
+    mixup_alpha: float = 0.0,
 ) -> tf.data.Dataset:
     """Endless training batches `(float32 (B, H, W, 3), int32 (B,))`, resumable at any epoch.
 
     Each example: inception crop (a random box covering `crop_scale` of the area with aspect
     ratio in `crop_ratio`, the whole image if 10 draws fail; `crop_scale=(0.5, 1)` suits tiny
     images like the digits), resize to `image_size`, random horizontal flip (`flip=False` for
-    digits or text), then `(x / 255 - mean) / std`. `augment=False`: resize only. Batches of
+    digits or text), then `(x / 255 - mean) / std`. `augment=False`: resize only.
+    `mixup_alpha > 0`: mixup (Zhang et al. 2018, as DeiT and timm's batch mode), each batch
+    blended with itself reversed, `w * x + (1 - w) * x[::-1]`, `w ~ Beta(alpha, alpha)` per batch,
+    and its labels likewise as float32 class distributions `(B, num_classes)` (the recipes' loss
+    takes them). Batches of
     `batch_size` (every batch full); each epoch is `epoch_steps(source, batch_size,
     steps_per_epoch)` batches, so pass that as `steps_per_epoch` to `model.fit`. The batches
     of epoch `e` are a pure function of `(seed, e)` (see the module docstring); build the
@@ -549,7 +575,11 @@ def train_pipeline(
 
     stream = tf.data.Dataset.counter(first_pass).flat_map(one_pass).skip(offset)
     stream = stream.map(example, num_parallel_calls=AUTOTUNE, deterministic=True)
-    stream = stream.batch(batch_size, drop_remainder=True).prefetch(AUTOTUNE)
+    stream = stream.batch(batch_size, drop_remainder=True)
+    if mixup_alpha:
+        mix = _mixup(mixup_alpha, source.num_classes, _fold(base_key, _MIXUP_STREAM))
+        stream = stream.enumerate(start=int(start_epoch) * steps).map(mix, num_parallel_calls=AUTOTUNE)
+    stream = stream.prefetch(AUTOTUNE)
     # Every worker computes the same global stream and keeps its share: DATA sharding.
     return _with_policy(stream, ShardPolicy.DATA)
 

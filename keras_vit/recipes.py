@@ -7,10 +7,14 @@
 * `finetuning_optimizer`: SGD with momentum 0.9, no weight decay, global clipping at norm 1,
   warm-up + cosine decay.
 * `loss`: softmax cross-entropy from logits, optional label smoothing.
+* `LabelAccuracy`: top-1 accuracy against integer labels or mixed (soft) ones.
 
-Labels: every pipeline in `keras_vit.data` yields SPARSE integer class indices, and `loss()`
-takes sparse labels with or without label smoothing (it one-hot encodes them itself), so
-compile with `loss=recipes.loss(...)` and `metrics=["accuracy"]`.
+Labels: every pipeline in `keras_vit.data` yields SPARSE integer class indices, except the
+training stream with mixup, which yields class distributions `(batch, classes)`. `loss()` takes
+both, with or without label smoothing (it one-hot encodes sparse labels itself), and so does
+`LabelAccuracy`: compile with `loss=recipes.loss(...)` and `metrics=[recipes.LabelAccuracy()]`
+(Keras's `"accuracy"` picks its sparse or one-hot form from the first labels it sees, so it
+would misread the integer labels of evaluation after training on mixed ones).
 
 Polyak averaging (`ema_momentum=0.9999` in the paper's fine-tuning): the optimizers then use
 Keras's built-in EMA (`use_ema=True`). Keras 3 keeps the average inside the optimizer; at the
@@ -39,6 +43,7 @@ from keras import ops
 
 __all__ = [
     "KernelDecayAdamW",
+    "LabelAccuracy",
     "SparseCrossentropy",
     "WarmupDecay",
     "finetuning_optimizer",
@@ -198,6 +203,8 @@ class SparseCrossentropy(keras.losses.Loss):
     Keras's `SparseCategoricalCrossentropy` has no label smoothing and `CategoricalCrossentropy`
     needs one-hot labels; this loss one-hot encodes the sparse labels (`(batch,)` or
     `(batch, 1)`) to the logits' width and smooths them to `(1 - s) * onehot + s / classes`.
+    Labels already shaped like the logits, `(batch, classes)`, are taken as class
+    distributions (mixup's) and smoothed the same way.
     """
 
     def __init__(self, label_smoothing: float = 0.0, name: str = "sparse_crossentropy", **kwargs):
@@ -207,8 +214,11 @@ class SparseCrossentropy(keras.losses.Loss):
         self.label_smoothing = float(label_smoothing)
 
     def call(self, y_true, y_pred):
-        labels = ops.reshape(ops.cast(y_true, "int32"), (-1,))
-        targets = ops.one_hot(labels, ops.shape(y_pred)[-1], dtype=y_pred.dtype)
+        if _are_distributions(y_true, y_pred):
+            targets = ops.cast(y_true, y_pred.dtype)
+        else:
+            labels = ops.reshape(ops.cast(y_true, "int32"), (-1,))
+            targets = ops.one_hot(labels, ops.shape(y_pred)[-1], dtype=y_pred.dtype)
         return keras.losses.categorical_crossentropy(
             targets, y_pred, from_logits=True, label_smoothing=self.label_smoothing
         )
@@ -219,6 +229,33 @@ class SparseCrossentropy(keras.losses.Loss):
         return config
 
 
+def _are_distributions(y_true, y_pred) -> bool:
+    """Whether labels are per-class distributions `(batch, classes)` rather than class indices."""
+    classes = y_pred.shape[-1]
+    return len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == classes and classes != 1
+
+
+def _top1_matches(y_true, y_pred):
+    """1.0 where the logits' top class is the label (a distribution's: its largest entry), else 0.0."""
+    if _are_distributions(y_true, y_pred):
+        y_true = ops.argmax(y_true, axis=-1)
+    labels = ops.reshape(ops.cast(y_true, "int32"), (-1,))
+    predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+    return ops.cast(ops.equal(labels, ops.reshape(predicted, (-1,))), "float32")
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class LabelAccuracy(keras.metrics.MeanMetricWrapper):
+    """Top-1 accuracy for integer labels and for mixed ones (the class with the largest share)."""
+
+    def __init__(self, name: str = "accuracy", dtype=None):
+        super().__init__(fn=_top1_matches, name=name, dtype=dtype)
+        self._direction = "up"
+
+    def get_config(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype}
+
+
 def loss(label_smoothing: float = 0.0) -> keras.losses.Loss:
-    """The recipes' classification loss: softmax cross-entropy from logits on sparse labels."""
+    """The recipes' classification loss: softmax cross-entropy from logits on sparse or mixed labels."""
     return SparseCrossentropy(label_smoothing=label_smoothing)

@@ -158,6 +158,7 @@ def train(
     drop_path_rate: float | None = None,
     crop_scale: Sequence[float] | None = None,
     flip: bool | None = None,
+    mixup_alpha: float | None = None,
     strategy: str | tf.distribute.Strategy = defaults.STRATEGIES[0],
     precision: str = defaults.PRECISIONS[0],
     jit_compile: bool | str = defaults.JIT_CHOICES[0],
@@ -202,6 +203,9 @@ def train(
             `SCRATCH_DROP_PATH` (0.1) with the pre-training recipe, 0 with fine-tuning.
         crop_scale, flip: inception-crop area range and horizontal flips; defaults (0.7, 1)
             without flips for digits, (0.08, 1) with flips otherwise.
+        mixup_alpha: mixup of each training batch with itself reversed, weight ~ Beta(alpha,
+            alpha) (`keras_vit.data.train_pipeline`); 0 turns it off. Default `SCRATCH_MIXUP`
+            (0.2) with the pre-training recipe, 0 with fine-tuning.
         strategy: a `keras_vit.distribute.get_strategy` name or a strategy.
         precision: `"float32"`, `"mixed_bfloat16"` or `"mixed_float16"` (loss-scaled).
         jit_compile: XLA-compile the train and evaluation steps; `"auto"`: on a single
@@ -253,6 +257,7 @@ def train(
         exclusive_maximum=True,
     )
     check.optional(check.fraction, "drop_path_rate", drop_path_rate)
+    check.optional(check.number, "mixup_alpha", mixup_alpha, minimum=0)
     task = ClassificationTask(
         model_config(model),
         dataset,
@@ -269,6 +274,7 @@ def train(
         drop_path_rate=drop_path_rate,
         crop_scale=crop_scale,
         flip=flip,
+        mixup_alpha=mixup_alpha,
         seed=seed,
         train_split=train_split,
         test_split=test_split,
@@ -317,6 +323,7 @@ class ClassificationTask:
     drop_path_rate: float | None
     crop_scale: Sequence[float] | None
     flip: bool | None
+    mixup_alpha: float | None
     seed: int
     train_split: str
     test_split: str
@@ -396,7 +403,7 @@ class ClassificationTask:
         network.compile(
             optimizer=optimizer,
             loss=recipes.loss(self.label_smoothing),
-            metrics=["accuracy"],
+            metrics=[recipes.LabelAccuracy()],
             jit_compile=jit_compile,
             steps_per_execution=steps_per_execution,
         )
@@ -421,7 +428,14 @@ class ClassificationTask:
             steps_per_epoch=steps_per_epoch,
             **runs.augmentation(is_digits, self.crop_scale, self.flip),
             interpolation=interpolation,
+            mixup_alpha=self.used_mixup_alpha,
         )
+
+    @property
+    def used_mixup_alpha(self) -> float:
+        if self.mixup_alpha is not None:
+            return self.mixup_alpha
+        return defaults.SCRATCH_MIXUP if self.recipe == "pretrain" else 0.0
 
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
         # The paper evaluates on the plain resized image, resized here as train_pipeline resizes.
@@ -473,6 +487,7 @@ class ClassificationTask:
                 "ema_momentum": self.ema_momentum,
                 "dropout": self.dropout,
                 "drop_path_rate": self.used_drop_path_rate,
+                "mixup_alpha": self.used_mixup_alpha,
                 "image_size": list(image_size),
                 "mean": list(mean),
                 "std": list(std),

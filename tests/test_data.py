@@ -46,10 +46,13 @@ def test_load_digits_fixed_stratified_split():
     np.testing.assert_array_equal(images, again)
 
 
-@pytest.mark.parametrize("steps_per_epoch", [4, None])
-def test_train_stream_resumes_exactly_at_any_epoch(steps_per_epoch):
+@pytest.mark.parametrize("steps_per_epoch, mixup_alpha", [(4, 0.0), (None, 0.0), (4, 0.4)])
+def test_train_stream_resumes_exactly_at_any_epoch(steps_per_epoch, mixup_alpha):
     source, _ = _source()
-    options = dict(image_size=8, batch_size=8, mean=MEAN, std=STD, seed=7, steps_per_epoch=steps_per_epoch)
+    options = dict(
+        image_size=8, batch_size=8, mean=MEAN, std=STD, seed=7, steps_per_epoch=steps_per_epoch,
+        mixup_alpha=mixup_alpha,
+    )  # fmt: skip
     steps = data.epoch_steps(source, 8, steps_per_epoch)  # 4 or 50 // 8 = 6; 3 epochs cross passes
     uninterrupted = _batches(data.train_pipeline(source, **options), 3 * steps)
     resumed = _batches(data.train_pipeline(source, start_epoch=2, **options), steps)
@@ -90,6 +93,27 @@ def test_train_augmentation_is_crop_flip_resize_normalise():
     cropped = _batches(data.train_pipeline(source, image_size=12, batch_size=16, seed=0, flip=False), 1)[0][0]
     assert cropped.shape == (16, 12, 12, 3)
     assert sum(not np.allclose(c, p, atol=1e-3) for c, p in zip(cropped, plain_images, strict=True)) > 8
+
+
+def test_mixup_blends_each_batch_with_itself_reversed():
+    """Mixup: batch i is w_i * x + (1 - w_i) * x[::-1] over the same examples as without mixup, its
+    labels the same blend of one-hot rows; w_i ~ Beta(alpha, alpha) differs from batch to batch."""
+    source, _ = _source(count=40)
+    options = dict(image_size=12, batch_size=8, mean=MEAN, std=STD, seed=3, augment=False)
+    plain = _batches(data.train_pipeline(source, **options), 5)
+    mixed = _batches(data.train_pipeline(source, mixup_alpha=0.4, **options), 5)
+    weights = []
+    for (images, labels), (mixed_images, targets) in zip(plain, mixed, strict=True):
+        assert targets.shape == (8, 40) and targets.dtype == np.float32
+        np.testing.assert_allclose(targets.sum(axis=1), 1.0, atol=1e-6)
+        weight = targets[0, labels[0]]
+        onehot = np.eye(40, dtype="float32")[labels]
+        np.testing.assert_allclose(targets, weight * onehot + (1 - weight) * onehot[::-1], atol=1e-6)
+        np.testing.assert_allclose(mixed_images, weight * images + (1 - weight) * images[::-1], atol=1e-5)
+        weights.append(weight)
+    assert len(set(np.round(weights, 6))) == 5 and all(0.0 <= w <= 1.0 for w in weights)
+    with pytest.raises(ValueError, match="mixup_alpha must be > 0"):
+        data.train_pipeline(source, mixup_alpha=-1.0, **options)
 
 
 def test_eval_pipeline_centre_crops_like_load_image():

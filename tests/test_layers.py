@@ -275,8 +275,8 @@ def test_transformer_block_matches_timm(dim, num_heads, mlp_ratio, rng):
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the training-time GELU is TensorFlow's")
 def test_training_block_has_the_inference_values_and_gradients(rng):
     """While training on TensorFlow the MLP's GELU has a hand-written derivative
-    (`layers._erf_gelu_lean_gradient`): outputs and every weight's gradient are those of
-    `ops.gelu`'s automatic derivative (the inference path, also on a gradient tape)."""
+    (`layers._erf_gelu_lean_gradient`): outputs and the gradients of every weight and of the input
+    are those of `ops.gelu`'s automatic derivative (the inference path, also on a gradient tape)."""
     import tensorflow as tf
 
     tokens = tf.constant(rng.normal(0, 2, size=(2, 9, 24)).astype("float32"))
@@ -286,16 +286,16 @@ def test_training_block_has_the_inference_values_and_gradients(rng):
     results = []
     for training in (True, False):
         with tf.GradientTape() as tape:
+            tape.watch(tokens)
             output = block(tokens, training=training)
             loss = tf.reduce_sum(output * tf.sin(output))
-        results.append((output, tape.gradient(loss, block.trainable_weights)))
+        results.append((output, tape.gradient(loss, [tokens, *block.trainable_weights])))
     (trained, trained_grads), (plain, plain_grads) = results
     np.testing.assert_allclose(trained.numpy(), plain.numpy(), atol=1e-5, rtol=0)
     scale = max(np.abs(grad.numpy()).max() for grad in plain_grads)  # gradients reach the hundreds
-    for weight, got, expected in zip(block.trainable_weights, trained_grads, plain_grads, strict=True):
-        np.testing.assert_allclose(
-            got.numpy(), expected.numpy(), atol=1e-5 * scale, rtol=0, err_msg=weight.path
-        )
+    names = ["input", *(weight.path for weight in block.trainable_weights)]
+    for name, got, expected in zip(names, trained_grads, plain_grads, strict=True):
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-5 * scale, rtol=0, err_msg=name)
 
 
 def test_transformer_block_attention_scores_are_softmax_qk(rng):

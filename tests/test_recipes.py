@@ -118,6 +118,25 @@ def test_loss_takes_sparse_labels_with_label_smoothing():
     assert restored.label_smoothing == 0.2
 
 
+def test_loss_and_accuracy_take_mixed_labels():
+    """Class distributions `(batch, classes)` (mixup's) are the targets as they are, smoothed like
+    one-hot ones; `LabelAccuracy` reads integer labels and a distribution's largest class alike."""
+    logits = np.array([[2.0, -1.0, 0.5], [0.1, 0.2, 3.0], [1.0, 2.0, 1.0]], "float32")
+    mixed = np.array([[0.7, 0.3, 0.0], [0.0, 0.4, 0.6], [0.2, 0.0, 0.8]], "float32")
+    for smoothing in (0.0, 0.1):
+        got = recipes.loss(label_smoothing=smoothing)(mixed, logits)
+        reference = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=smoothing)
+        expected = reference(mixed, logits)
+        np.testing.assert_allclose(float(got), float(expected), rtol=1e-6)
+    for labels in (mixed, np.array([0, 2, 2]), np.array([[0], [2], [2]])):
+        accuracy = recipes.LabelAccuracy()
+        accuracy.update_state(labels, logits)
+        assert float(accuracy.result()) == pytest.approx(2 / 3)
+    config = keras.saving.serialize_keras_object(recipes.LabelAccuracy())
+    restored = keras.saving.deserialize_keras_object(config)
+    assert isinstance(restored, recipes.LabelAccuracy) and restored.name == "accuracy"
+
+
 def test_ema_weights_differ_from_raw_and_are_left_after_fit(rng, tmp_path):
     model = _tiny_vit()
     momentum = 0.8
