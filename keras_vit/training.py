@@ -358,10 +358,21 @@ class ClassificationTask:
         """The sources read so far (for naming undecodable files)."""
         return [getattr(self, name) for name in ("train_source", "test_source") if hasattr(self, name)]
 
+    def _recipe_default(self, value: float | None, from_scratch: float) -> float:
+        """`value` as given; if None, `from_scratch` with the pre-training recipe and 0 when fine-tuning."""
+        if value is not None:
+            return value
+        return from_scratch if self.recipe == "pretrain" else 0.0
+
+    @property
+    def used_drop_path_rate(self) -> float:
+        return self._recipe_default(self.drop_path_rate, SCRATCH_DROP_PATH)
+
+    @property
+    def used_mixup_alpha(self) -> float:
+        return self._recipe_default(self.mixup_alpha, defaults.SCRATCH_MIXUP)
+
     def build(self) -> keras.Model:
-        self.used_drop_path_rate = self.drop_path_rate
-        if self.used_drop_path_rate is None:
-            self.used_drop_path_rate = SCRATCH_DROP_PATH if self.recipe == "pretrain" else 0.0
         return _build_model(
             self.config,
             self.pretrained,
@@ -430,12 +441,6 @@ class ClassificationTask:
             interpolation=interpolation,
             mixup_alpha=self.used_mixup_alpha,
         )
-
-    @property
-    def used_mixup_alpha(self) -> float:
-        if self.mixup_alpha is not None:
-            return self.mixup_alpha
-        return defaults.SCRATCH_MIXUP if self.recipe == "pretrain" else 0.0
 
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
         # The paper evaluates on the plain resized image, resized here as train_pipeline resizes.
