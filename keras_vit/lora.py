@@ -27,9 +27,10 @@ from collections.abc import Iterable, Sequence
 
 import keras
 
+from keras_vit import validation
 from keras_vit.layers import TransformerBlock
 
-__all__ = ["LORA_TARGETS", "enable_lora", "lora_layers", "lora_parameter_count"]
+__all__ = ["LORA_TARGETS", "enable_lora", "lora_layers", "lora_parameter_count", "max_lora_rank"]
 
 LORA_TARGETS = ("query", "key", "value", "attention_output", "fc1", "fc2")
 DEFAULT_TARGETS = ("query", "value")
@@ -72,19 +73,29 @@ def lora_layers(
     return [_by_role(block, role) for block in _blocks(model) for role in targets]
 
 
+def _factor_sizes(layer: keras.layers.Layer) -> tuple[int, int]:
+    """`(prod(leading), n)` of the layer's kernel shape `(*leading, n)`: the rows of `A` and columns of `B`."""
+    shape = tuple(getattr(layer, "original_kernel_shape", None) or layer.kernel.shape)
+    leading = 1
+    for size in shape[:-1]:
+        leading *= int(size)
+    return leading, int(shape[-1])
+
+
 def lora_parameter_count(model: keras.layers.Layer, rank: int, targets=DEFAULT_TARGETS) -> int:
     """The LoRA factors' parameter count `enable_lora(model, rank, targets)` adds (computed from the shapes).
 
     Per layer with kernel shape `(*leading, n)`: `prod(leading) * rank + rank * n`.
     """
-    total = 0
-    for layer in lora_layers(model, targets):
-        shape = tuple(getattr(layer, "original_kernel_shape", None) or layer.kernel.shape)
-        leading = 1
-        for size in shape[:-1]:
-            leading *= int(size)
-        total += leading * rank + rank * int(shape[-1])
-    return total
+    return sum(leading * rank + rank * n for leading, n in map(_factor_sizes, lora_layers(model, targets)))
+
+
+def max_lora_rank(model: keras.layers.Layer, targets=DEFAULT_TARGETS) -> int:
+    """The largest rank every adapted layer's update `A @ B` can reach: `min(prod(leading), n)` over them.
+
+    A higher rank only adds parameters (and memory) that cannot change what the adapters compute.
+    """
+    return min(min(_factor_sizes(layer)) for layer in lora_layers(model, targets))
 
 
 def enable_lora(
@@ -99,12 +110,13 @@ def enable_lora(
 
     Args:
         model: a built keras_vit model (a `ViT`, or any model holding `TransformerBlock`s).
-        rank: the factors' inner dimension (e.g. 4, 8, 16).
+        rank: the factors' inner dimension (e.g. 4, 8, 16), at most `max_lora_rank(model, targets)`
+            (a higher rank cannot change what the adapters compute; refused before allocating).
         targets: roles among `LORA_TARGETS`: `"query"`, `"key"`, `"value"`,
             `"attention_output"` (attention projections) and `"fc1"`, `"fc2"` (MLP).
             Default `("query", "value")`, the paper's choice.
-        alpha: Keras's `lora_alpha`: the product is scaled by `alpha / rank`; default `rank`
-            (scale 1).
+        alpha: Keras's `lora_alpha`, a number > 0: the product is scaled by `alpha / rank`;
+            default `rank` (scale 1).
         train_head: keep the `head` layer (a new task's classifier) trainable; `False`
             freezes it too.
 
@@ -114,7 +126,17 @@ def enable_lora(
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"LoRA rank must be a positive int, got {rank!r}.")
+    if alpha is not None:  # alpha = 0 would scale the adapters' product to nothing: only the head would learn
+        validation.positive_number("LoRA alpha", alpha)
     layers = lora_layers(model, targets)
+    useful = max_lora_rank(model, targets)
+    if rank > useful:  # checked before any factor is allocated
+        megabytes = lora_parameter_count(model, rank, targets) * 4 / 2**20
+        raise ValueError(
+            f"LoRA rank {rank} is above {useful}, the largest rank the update of every adapted projection "
+            f"({', '.join(_check_targets(targets))}) can have; its float32 factors would take "
+            f"{megabytes:,.1f} MiB. Use a rank <= {useful} (LoRA ranks are usually 4 to 64)."
+        )
     for layer in layers:
         layer.enable_lora(rank, lora_alpha=alpha)
     adapters = {id(layer.lora_kernel_a) for layer in layers} | {id(layer.lora_kernel_b) for layer in layers}

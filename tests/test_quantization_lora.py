@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.lora import LORA_TARGETS, lora_layers, lora_parameter_count
+from keras_vit.lora import LORA_TARGETS, lora_layers, lora_parameter_count, max_lora_rank
 from keras_vit.models import ViT
 
 # `Model.quantize` warns about every layer Keras cannot quantize (LayerNormalization, Conv2D, ...).
@@ -315,3 +315,24 @@ def test_lora_arguments_are_checked():
         keras_vit.enable_lora(model, 0)
     with pytest.raises(ValueError, match="no keras_vit TransformerBlock"):
         keras_vit.enable_lora(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="head")]), 4)
+
+
+@pytest.mark.parametrize("alpha", [0, -1.0, float("nan"), float("inf"), True])
+def test_lora_alpha_must_be_positive(alpha):
+    """alpha = 0 scales the adapters' product to nothing (only the head would train): refused."""
+    model = _small_model()
+    with pytest.raises(ValueError, match="LoRA alpha"):
+        keras_vit.enable_lora(model, 4, alpha=alpha)
+    assert not any(layer.lora_enabled for layer in lora_layers(model, LORA_TARGETS))
+
+
+def test_lora_rank_above_what_the_update_can_reach_is_refused_before_allocating():
+    model = _small_model()  # width 64, 4 heads: query's update per head is (64, 16), rank <= 16
+    assert max_lora_rank(model) == 16 and max_lora_rank(model, ("fc1",)) == 64
+    weights = len(model.weights)
+    with pytest.raises(ValueError, match=r"rank 17 is above 16.*MiB"):
+        keras_vit.enable_lora(model, 17)
+    with pytest.raises(ValueError, match=r"rank 10000000 is above 64.*MiB"):
+        keras_vit.enable_lora(model, 10_000_000, targets=("fc1",))
+    assert len(model.weights) == weights  # nothing allocated
+    keras_vit.enable_lora(model, 16)  # the largest useful rank works
