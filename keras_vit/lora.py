@@ -74,7 +74,7 @@ def lora_layers(
 
 
 def _factor_sizes(layer: keras.layers.Layer) -> tuple[int, int]:
-    """`(prod(leading), n)` of the layer's kernel shape `(*leading, n)`: the rows of `A` and columns of `B`."""
+    """`(prod(leading), n)` of the kernel shape `(*leading, n)`: the rows of `A`, the columns of `B`."""
     shape = tuple(getattr(layer, "original_kernel_shape", None) or layer.kernel.shape)
     leading = 1
     for size in shape[:-1]:
