@@ -30,7 +30,6 @@ decodes them (`decode_image`), so `serving_bytes` on a file sees the pixels `loa
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -40,6 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit import tf2onnx_ops
 from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
 from keras_vit.defaults import MAX_PIXELS
 from keras_vit.environment import install_hint, require_tensorflow_backend
@@ -403,34 +403,6 @@ def _portable_model(model: keras.Model, preprocessing: bool) -> tuple[keras.Mode
     return wrapped, tf.TensorSpec((None, height, width, channels), tf.uint8, name="images")
 
 
-@functools.lru_cache(maxsize=1)
-def _register_erfc_for_onnx() -> None:
-    """Teach tf2onnx `Erfc`, which TensorFlow's exact GELU computes and tf2onnx 1.17 cannot convert.
-
-    ONNX has `Erf` (opset 9+): `Erfc(x) = 1 - Erf(x)`, registered as a tf2onnx op handler.
-    """
-    from tf2onnx import utils
-    from tf2onnx.handler import tf_op
-
-    @tf_op("Erfc")
-    class Erfc:
-        @classmethod
-        def version_9(cls, ctx, node, **kwargs):
-            node.type = "Erf"
-            dtype = ctx.get_dtype(node.output[0])
-            one = ctx.make_const(
-                utils.make_name(f"{node.name}_one"), np.array(1, utils.map_onnx_to_numpy_type(dtype))
-            )
-            complement = ctx.insert_new_node_on_output(
-                "Sub",
-                node.output[0],
-                name=utils.make_name(f"{node.name}_complement"),
-                inputs=[one.output[0], node.output[0]],
-            )
-            ctx.set_dtype(complement.output[0], dtype)
-            ctx.copy_shape(node.output[0], complement.output[0])
-
-
 def _portable_target(path: str | os.PathLike, suffix: str, overwrite: bool) -> str:
     path = os.fspath(path)
     if not path.endswith(suffix):
@@ -471,11 +443,8 @@ def export_onnx(
     require_tensorflow_backend("ONNX export (keras_vit.export_onnx)")
     target = _portable_target(path, ".onnx", overwrite)
     portable, spec = _portable_model(model, preprocessing)
-    try:
-        import tf2onnx  # noqa: F401
-    except ImportError as error:
-        raise ModuleNotFoundError(f"ONNX export needs tf2onnx and onnx: {install_hint('export')}.") from error
-    _register_erfc_for_onnx()
+    if not tf2onnx_ops.register():
+        raise ModuleNotFoundError(f"ONNX export needs tf2onnx and onnx: {install_hint('export')}.")
     return _write_atomically(
         target, lambda staging: portable.export(staging, format="onnx", input_signature=[spec], verbose=False)
     )

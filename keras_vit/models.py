@@ -379,6 +379,19 @@ class ViT(keras.Model):
         with _frozen_gc():
             super().quantize(mode, config=config, filters=filters, **kwargs)
 
+    # --- export ---------------------------------------------------------------------------------
+    def export(self, filepath, format: str = "tf_saved_model", **kwargs):
+        """`keras.Model.export`; for `format="onnx"` with keras_vit's tf2onnx converters registered first.
+
+        On TensorFlow, Keras converts with tf2onnx, which cannot convert the `Erfc` op of the exact
+        GELU on its own (`keras_vit.tf2onnx_ops`); the JAX and PyTorch backends use other converters.
+        """
+        if format == "onnx" and keras.backend.backend() == "tensorflow":
+            from keras_vit import tf2onnx_ops
+
+            tf2onnx_ops.register()
+        return super().export(filepath, format=format, **kwargs)
+
     # --- serialisation -------------------------------------------------------------------------
     def get_config(self) -> dict:
         return {
