@@ -51,7 +51,6 @@ from huggingface_hub import constants as hub_constants
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
 from keras_vit import catalog
-from keras_vit.catalog import CatalogEntry, get_entry
 from keras_vit.converters import (
     CheckpointError,
     CheckpointInfo,
@@ -218,18 +217,18 @@ def _hub_download(
 
 
 def download_checkpoint(
-    source: str | CatalogEntry,
+    source: str | catalog.CatalogEntry,
     *,
     cache_dir: str | os.PathLike | None = None,
     endpoint: str | None = None,
 ) -> str:
     """Local path of a checkpoint from the hub cache, downloaded first if missing.
 
-    `source` is a full catalog tag, a `CatalogEntry`, or a hub repo id `"org/name"` (file
+    `source` is a full catalog tag, a `catalog.CatalogEntry`, or a hub repo id `"org/name"` (file
     name from the catalog, else `model.safetensors`). `cache_dir` and `endpoint` are passed to
     `huggingface_hub.hf_hub_download` (defaults: `HF_HUB_CACHE`, `HF_ENDPOINT`).
     """
-    if isinstance(source, CatalogEntry):
+    if isinstance(source, catalog.CatalogEntry):
         entry = source
     elif "/" in source:
         entry = catalog.entry_for_repo(source)
@@ -243,7 +242,7 @@ def download_checkpoint(
                 endpoint=endpoint,
             )
     else:
-        entry = get_entry(source)
+        entry = catalog.get_entry(source)
     return _hub_download(
         entry.hub_repo,
         entry.filename,
@@ -265,7 +264,7 @@ class Checkpoint:
 
     state: dict[str, np.ndarray]
     info: CheckpointInfo
-    entry: CatalogEntry | None
+    entry: catalog.CatalogEntry | None
     label: str
     metadata: dict | None = None
 
@@ -394,12 +393,12 @@ def _check_fits(
 
 def _locate(
     source, variant: str | None, cache_dir: str | os.PathLike | None
-) -> tuple[str, CatalogEntry | None, bool]:
+) -> tuple[str, catalog.CatalogEntry | None, bool]:
     """(local path, catalog row or None, whether the path is in the hub cache) of a `pretrained=` value."""
     if source is True:
         if variant is None:
             raise ValueError("pretrained=True needs a variant: pass a full tag, a file path or a repo id.")
-        entry = get_entry(catalog.default_tag(variant))
+        entry = catalog.get_entry(catalog.default_tag(variant))
         return download_checkpoint(entry, cache_dir=cache_dir), entry, True
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(
@@ -414,7 +413,7 @@ def _locate(
             "(keras_vit.list_pretrained()), a local file path, or a hub repo id 'org/name'."
         )
     if "/" not in source:
-        entry = get_entry(source, variant)
+        entry = catalog.get_entry(source, variant)
         return download_checkpoint(entry, cache_dir=cache_dir), entry, True
     if _REPO_ID.fullmatch(source):
         entry = catalog.entry_for_repo(source, variant)
@@ -609,7 +608,7 @@ def load_weights(
     variant = variant_for(config, prefer=config.name)
     is_tag = isinstance(source, str) and "." in source and "/" not in source and not os.path.exists(source)
     if variant is None and is_tag:
-        entry = get_entry(source)
+        entry = catalog.get_entry(source)
         stored = architecture(get_config(entry.variant))
         _check_fits(shape, model.name, stored, entry.variant, f"checkpoint {entry.tag!r}")
     checkpoint = resolve_pretrained(source, variant, cache_dir=cache_dir)
