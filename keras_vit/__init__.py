@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 from keras_vit.variants import VARIANTS as VARIANTS
 from keras_vit.variants import ViTConfig as ViTConfig
@@ -56,17 +57,18 @@ _EXPORTS = {
     "ImageTooLargeError": "validation",
     "WeightsIntegrityError": "pretrained",
     "WeightsUnavailableError": "pretrained",
-    "list_pretrained": "pretrained",
+    "list_pretrained": "catalog",
+    "preprocessing_for": "catalog",
     "load_weights": "pretrained",
     **{variant: "models" for variant in VARIANTS},
 }
-# Submodules reachable as attributes (`keras_vit.data`, ...). `keras_vit.inspect` is left out of
-# __all__: a star import must not hide the standard library's `inspect`.
+# Submodules reachable as attributes (`keras_vit.data`, ...).
 _SUBMODULES = (
+    "catalog",
     "data",
     "defaults",
     "evaluate",
-    "inspect",
+    "inspection",
     "pretrain",
     "recipes",
     "sharing",
@@ -78,6 +80,9 @@ __all__ = sorted(["VARIANTS", "ViTConfig", "list_models", *_EXPORTS])
 
 
 def __getattr__(name: str):
+    if name == "inspect":  # renamed: a module `keras_vit/inspect.py` hid the standard library's `inspect`
+        warnings.warn("keras_vit.inspect is now keras_vit.inspection.", DeprecationWarning, stacklevel=2)
+        name = "inspection"
     if name in _SUBMODULES:
         return importlib.import_module(f"keras_vit.{name}")
     module = _EXPORTS.get(name)

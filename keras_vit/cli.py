@@ -18,12 +18,6 @@ import tempfile
 from keras_vit import defaults, validation
 from keras_vit.environment import enable_onednn
 
-if __name__ == "__main__" and not __package__:
-    # Run as `python keras_vit/cli.py`: sys.path[0] is the package folder, where
-    # keras_vit/inspect.py would hide the standard library's `inspect`; use the folder above.
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.path[0]))
-
-
 # argparse `type=`s: a bad value fails while parsing, with the usage line (keras_vit.validation).
 _POSITIVE_INT = validation.cli_type(validation.positive_int)
 _NON_NEGATIVE_INT = validation.cli_type(validation.non_negative_int)
@@ -65,14 +59,14 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_pretrained(args) -> int:
-    from keras_vit import pretrained
+    from keras_vit import catalog
 
     if args.markdown:
-        print(pretrained.catalog_markdown())
+        print(catalog.catalog_markdown())
         return 0
-    default_tags = set(pretrained.default_tags().values())
-    for tag in pretrained.list_pretrained(args.variant):
-        entry = pretrained.get_entry(tag)
+    default_tags = set(catalog.default_tags().values())
+    for tag in catalog.list_pretrained(args.variant):
+        entry = catalog.get_entry(tag)
         classes = entry.num_classes or "no head"
         marker = "  (default)" if tag in default_tags else ""
         numerics = f"numerics {entry.numerics}"

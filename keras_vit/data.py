@@ -34,12 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.catalog import model_entry
 from keras_vit.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.environment import install_hint
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
-from keras_vit.pretrained import model_entry
 from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
 from keras_vit.validation import check_pixel_count, one_of, optional, positive_int, positive_number
+from keras_vit.validation import image_size as size_pair
 
 __all__ = [
     "BAD_IMAGE_ACTIONS",
@@ -409,7 +410,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Sour
 
 
 def normalisation_for(model_or_tag=None) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """`(mean, std)` a checkpoint expects, from the pretrained catalog (`keras_vit.pretrained`).
+    """`(mean, std)` a checkpoint expects, from the catalog (`keras_vit.catalog`).
 
     Accepts a full catalog tag, a model built with `pretrained=...`, or `None`; anything not
     in the catalog gets the package default (mean = std = 0.5, inputs in [-1, 1]). The
@@ -419,13 +420,6 @@ def normalisation_for(model_or_tag=None) -> tuple[tuple[float, ...], tuple[float
     if entry is None:
         return GOOGLE_MEAN, GOOGLE_STD
     return tuple(entry.mean), tuple(entry.std)
-
-
-def _size_pair(image_size: int | Sequence[int]) -> tuple[int, int]:
-    if isinstance(image_size, (int, np.integer)):
-        return int(image_size), int(image_size)
-    height, width = (int(side) for side in image_size)
-    return height, width
 
 
 def _normaliser(mean: Sequence[float], std: Sequence[float]) -> Callable[[tf.Tensor], tf.Tensor]:
@@ -541,7 +535,7 @@ def train_pipeline(
         raise ValueError(f"start_epoch must be >= 0, got {start_epoch!r}.")
     if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
         raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale!r}.")
-    height, width = _size_pair(image_size)
+    height, width = size_pair("image_size", image_size)
     steps = epoch_steps(source, batch_size, steps_per_epoch)
     normalise = _normaliser(mean, std)
     base_key = tf.constant([int(seed), 0], dtype=tf.int64)

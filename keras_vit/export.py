@@ -30,7 +30,6 @@ decodes them (`decode_image`), so `serving_bytes` on a file sees the pixels `loa
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -40,10 +39,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit import tf2onnx_ops
+from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
 from keras_vit.defaults import MAX_PIXELS
 from keras_vit.environment import install_hint, require_tensorflow_backend
-from keras_vit.preprocessing import LABEL_SETS, Preprocessing, imagenet1k_labels
-from keras_vit.pretrained import model_entry
 from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
 from keras_vit.validation import positive_int
 
@@ -78,8 +77,8 @@ def image_preprocessing(
 ) -> ImagePreprocessing:
     """The preprocessing `export_serving` puts in the graph for `model`: its spec, in TensorFlow.
 
-    `spec` defaults to `Preprocessing.for_model(model)`: the model's catalog row
-    (`keras_vit.pretrained.model_entry`), or else the package default at the model's input
+    `spec` defaults to `preprocessing_for(model)` (`keras_vit.catalog`): the model's catalog
+    row's, or else the package default at the model's input
     size (mean = std = 0.5, crop_pct 0.9, bicubic, as `keras-vit predict`). Each of `mean`,
     `std`, `crop_pct`, `interpolation` that is not `None` replaces the spec's; `crop_pct` 1.0
     resizes straight to the input size. The spec's `image_size` must be the model's.
@@ -91,7 +90,7 @@ def image_preprocessing(
             f"size, got input shape {shape}: build it with a fixed image_size."
         )
     if spec is None:
-        spec = Preprocessing.for_model(model)
+        spec = preprocessing_for(model)
     elif not isinstance(spec, Preprocessing):
         raise TypeError(f"spec must be a keras_vit.preprocessing.Preprocessing, got {type(spec).__name__}.")
     if spec.image_size != (int(shape[1]), int(shape[2])):
@@ -101,21 +100,6 @@ def image_preprocessing(
     overrides = {"mean": mean, "std": std, "crop_pct": crop_pct, "interpolation": interpolation}
     spec = spec.replace(**{name: value for name, value in overrides.items() if value is not None})
     return ImagePreprocessing.from_spec(spec)
-
-
-def _class_names(model: keras.Model, labels: Sequence[str] | None, num_classes: int) -> list[str] | None:
-    """`labels` checked against the head, else the checkpoint's shipped names, else None."""
-    if labels is not None:
-        labels = [str(label) for label in labels]
-        if len(labels) != num_classes:
-            raise ValueError(
-                f"labels has {len(labels)} names but the model's head has {num_classes} classes."
-            )
-        return labels
-    entry = model_entry(model)
-    if entry is not None and entry.label_set == "imagenet1k" and num_classes == LABEL_SETS["imagenet1k"]:
-        return list(imagenet1k_labels())
-    return None
 
 
 def _outputs_probabilities(model: keras.Model) -> bool:
@@ -309,13 +293,13 @@ def export_serving(
     preprocessing = image_preprocessing(
         model, spec, mean=mean, std=std, crop_pct=crop_pct, interpolation=interpolation
     )
-    names = _class_names(model, labels, num_classes)
+    names = class_names(model, num_classes, labels)
     if warmup:
         _serving_module()  # fail before writing anything
     height, width = preprocessing.image_size
     channels = int(model.input_shape[-1])
     already_probabilities = _outputs_probabilities(model)
-    class_names = None if names is None else tf.constant(names)
+    names_tensor = None if names is None else tf.constant(names)
 
     # Traced once and called by each signature, instead of tracing the model in each of them.
     @tf.function(input_signature=[tf.TensorSpec((None, height, width, channels), tf.float32)])
@@ -327,8 +311,8 @@ def export_serving(
         probabilities = scores if already_probabilities else tf.nn.softmax(scores, axis=-1)
         best_scores, best_indices = tf.math.top_k(probabilities, k=int(top_k))
         outputs = {"probabilities": probabilities, "top_k_indices": best_indices, "top_k_scores": best_scores}
-        if class_names is not None:
-            outputs["top_k_classes"] = tf.gather(class_names, best_indices)
+        if names_tensor is not None:
+            outputs["top_k_classes"] = tf.gather(names_tensor, best_indices)
         return outputs
 
     def decode(data: tf.Tensor) -> tf.Tensor:
@@ -409,7 +393,7 @@ def _portable_model(model: keras.Model, preprocessing: bool) -> tuple[keras.Mode
     height, width, channels = (int(side) for side in shape[1:])
     if not preprocessing:
         return model, tf.TensorSpec((None, height, width, channels), tf.float32, name="images")
-    spec = Preprocessing.for_model(model)
+    spec = preprocessing_for(model)
     std = np.asarray(spec.std[:channels], dtype=np.float32)
     scale = 1.0 / (255.0 * std)
     offset = -np.asarray(spec.mean[:channels], dtype=np.float32) / std
@@ -417,34 +401,6 @@ def _portable_model(model: keras.Model, preprocessing: bool) -> tuple[keras.Mode
     pixels = keras.ops.cast(images, "float32") * scale + offset
     wrapped = keras.Model(images, model(pixels), name=f"{model.name}_uint8")
     return wrapped, tf.TensorSpec((None, height, width, channels), tf.uint8, name="images")
-
-
-@functools.lru_cache(maxsize=1)
-def _register_erfc_for_onnx() -> None:
-    """Teach tf2onnx `Erfc`, which TensorFlow's exact GELU computes and tf2onnx 1.17 cannot convert.
-
-    ONNX has `Erf` (opset 9+): `Erfc(x) = 1 - Erf(x)`, registered as a tf2onnx op handler.
-    """
-    from tf2onnx import utils
-    from tf2onnx.handler import tf_op
-
-    @tf_op("Erfc")
-    class Erfc:
-        @classmethod
-        def version_9(cls, ctx, node, **kwargs):
-            node.type = "Erf"
-            dtype = ctx.get_dtype(node.output[0])
-            one = ctx.make_const(
-                utils.make_name(f"{node.name}_one"), np.array(1, utils.map_onnx_to_numpy_type(dtype))
-            )
-            complement = ctx.insert_new_node_on_output(
-                "Sub",
-                node.output[0],
-                name=utils.make_name(f"{node.name}_complement"),
-                inputs=[one.output[0], node.output[0]],
-            )
-            ctx.set_dtype(complement.output[0], dtype)
-            ctx.copy_shape(node.output[0], complement.output[0])
 
 
 def _portable_target(path: str | os.PathLike, suffix: str, overwrite: bool) -> str:
@@ -487,11 +443,8 @@ def export_onnx(
     require_tensorflow_backend("ONNX export (keras_vit.export_onnx)")
     target = _portable_target(path, ".onnx", overwrite)
     portable, spec = _portable_model(model, preprocessing)
-    try:
-        import tf2onnx  # noqa: F401
-    except ImportError as error:
-        raise ModuleNotFoundError(f"ONNX export needs tf2onnx and onnx: {install_hint('export')}.") from error
-    _register_erfc_for_onnx()
+    if not tf2onnx_ops.register():
+        raise ModuleNotFoundError(f"ONNX export needs tf2onnx and onnx: {install_hint('export')}.")
     return _write_atomically(
         target, lambda staging: portable.export(staging, format="onnx", input_signature=[spec], verbose=False)
     )

@@ -254,7 +254,6 @@ class DropPath(keras.layers.Layer):
         return config
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
 def _attention_projections(owner: str, hidden_size: int, num_heads: int, policy) -> tuple[int, tuple]:
     """`(head_dim, (query, key, value, output))`: multi-head attention's unbuilt projections in Flax's
     layouts (`(D, heads, head_dim)` kernels), shared by self-attention and attention pooling."""
@@ -283,6 +282,7 @@ def _attention_projections(owner: str, hidden_size: int, num_heads: int, policy)
     return head_dim, (query, key, value, output)
 
 
+@keras.saving.register_keras_serializable(package=_PACKAGE)
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head self-attention with the original checkpoints' kernel layout, computed as plain GEMMs.
 

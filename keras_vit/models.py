@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
@@ -34,9 +35,21 @@ from keras_vit.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.validation import positive_int
 from keras_vit.variants import NUMERICS, VARIANTS, ViTConfig, get_config, list_models
 
-__all__ = ["ViT", "build_vit", "classification_head", "create_model", "list_models", *VARIANTS]
+if TYPE_CHECKING:
+    from keras_vit.pretrained import Checkpoint
+
+__all__ = [
+    "ViT",
+    "build_vit",
+    "build_with_checkpoint",
+    "classification_head",
+    "create_model",
+    "list_models",
+    *VARIANTS,
+]
 
 _PACKAGE = "keras_vit"
 # The head's activation when the factories and `build_vit` are not told (keras.applications' default).
@@ -53,6 +66,7 @@ _MODEL_ARGUMENTS = (
     "classifier_activation",
     "channels",
     "pretrained_tag",
+    "quantization",
 )
 
 
@@ -65,12 +79,6 @@ def classification_head(num_classes: int, classifier_activation: str | None = No
         name="head",
         dtype="float32",
     )
-
-
-def _positive_int(value, what: str, hint: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be a positive int{hint}, got {value!r}.")
-    return int(value)
 
 
 def _rate(value, what: str) -> float:
@@ -136,10 +144,10 @@ class ViT(keras.Model):
         if include_top and config.pooling is None:
             raise ValueError("pooling=None returns the token sequence: it needs include_top=False.")
         if include_top:
-            num_classes = _positive_int(num_classes, "num_classes", " with include_top=True")
-        channels = _positive_int(channels, "channels", " (3 for RGB, 1 for grayscale)")
+            num_classes = positive_int("num_classes (with include_top=True)", num_classes)
+        channels = positive_int("channels (3 for RGB, 1 for grayscale)", channels)
         if representation_size:
-            representation_size = _positive_int(representation_size, "representation_size")
+            representation_size = positive_int("representation_size", representation_size)
         grid = config.token_grid()
         height, width = config.image_hw
 
@@ -371,6 +379,19 @@ class ViT(keras.Model):
         with _frozen_gc():
             super().quantize(mode, config=config, filters=filters, **kwargs)
 
+    # --- export ---------------------------------------------------------------------------------
+    def export(self, filepath, format: str = "tf_saved_model", **kwargs):
+        """`keras.Model.export`; for `format="onnx"` with keras_vit's tf2onnx converters registered first.
+
+        On TensorFlow, Keras converts with tf2onnx, which cannot convert the `Erfc` op of the exact
+        GELU on its own (`keras_vit.tf2onnx_ops`); the JAX and PyTorch backends use other converters.
+        """
+        if format == "onnx" and keras.backend.backend() == "tensorflow":
+            from keras_vit import tf2onnx_ops
+
+            tf2onnx_ops.register()
+        return super().export(filepath, format=format, **kwargs)
+
     # --- serialisation -------------------------------------------------------------------------
     def get_config(self) -> dict:
         return {
@@ -465,7 +486,11 @@ def copy_weights(source: keras.Model, target: keras.Model, skip: Sequence[str] =
 
 
 def _split_arguments(config: ViTConfig, kwargs: dict) -> tuple[ViTConfig, dict]:
-    """`kwargs` naming `ViTConfig` fields change the config; the rest are `ViT` arguments."""
+    """`kwargs` naming `ViTConfig` fields change the config; the rest are `ViT` arguments.
+
+    `None` for `image_size`, `num_classes`, `include_top` or `name` means unset (the default).
+    """
+    kwargs = {key: value for key, value in kwargs.items() if not (key in _UNSET_BY_NONE and value is None)}
     fields = set(ViTConfig.field_names()) - {"name"}
     changes = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
     unknown = sorted(set(kwargs) - set(_MODEL_ARGUMENTS) - {"name"})
@@ -474,8 +499,11 @@ def _split_arguments(config: ViTConfig, kwargs: dict) -> tuple[ViTConfig, dict]:
             f"Unknown argument(s) {unknown}: model arguments are {list(_MODEL_ARGUMENTS)}, config fields "
             f"{sorted(fields)}."
         )
-    changes = {key: value for key, value in changes.items() if not (key == "image_size" and value is None)}
     return (config.replace(**changes) if changes else config), kwargs
+
+
+# Keywords of `build_vit` / `create_model` whose `None` means "not given".
+_UNSET_BY_NONE = ("image_size", "num_classes", "include_top", "name")
 
 
 def build_vit(config: ViTConfig, **kwargs) -> ViT:
@@ -484,9 +512,28 @@ def build_vit(config: ViTConfig, **kwargs) -> ViT:
     E.g. `build_vit(config, image_size=384, pooling="gap", num_classes=10)`. The head gives
     probabilities (`classifier_activation="softmax"`) unless `classifier_activation=None` (logits).
     """
-    config, arguments = _split_arguments(config, dict(kwargs))
+    config, arguments = _split_arguments(config, kwargs)
     arguments.setdefault("classifier_activation", DEFAULT_CLASSIFIER_ACTIVATION)
     return ViT(config, **arguments)
+
+
+def build_with_checkpoint(
+    config: ViTConfig,
+    checkpoint: Checkpoint,
+    kwargs: Mapping | None = None,
+    pos_embed_interpolation: str | None = None,
+) -> ViT:
+    """The model a checkpoint fits, built and loaded: the one build-with-checkpoint step.
+
+    The checkpoint answers the model's arguments once (`Checkpoint.model_kwargs`: the caller's
+    `kwargs`, and for what they leave unset its layout, numerics, size, head, pre-logits and
+    name), the model is built from `config` with them (`build_vit`), then the weights are
+    loaded (`pos_embed_interpolation`: as `load_checkpoint`). `create_model(..., pretrained=)`
+    and `keras_vit.load_pretrained` build through it.
+    """
+    model = build_vit(config, **checkpoint.model_kwargs(config, kwargs))
+    checkpoint.load_into(model, pos_embed_interpolation=pos_embed_interpolation)
+    return model
 
 
 def create_model(
@@ -544,53 +591,25 @@ def create_model(
     expect: for all Google-trained checkpoints that is [-1, 1] (`keras_vit.preprocess_input`).
     """
     config = variant if isinstance(variant, ViTConfig) else get_config(variant)
-    kwargs = dict(kwargs)
-    checkpoint = None
-    if pos_embed_interpolation is not None and (pretrained is False or pretrained is None):
-        raise ValueError(
-            "pos_embed_interpolation resamples a checkpoint's position embedding: it needs pretrained=."
-        )
-    if pretrained is not False and pretrained is not None:
-        from keras_vit.pretrained import resolve_pretrained
-
-        _split_arguments(config, dict(kwargs))  # argument errors before any download
-        checkpoint = resolve_pretrained(pretrained, config.name if config.name in VARIANTS else None)
-        _take_layout(kwargs, checkpoint.info.layout)
-        kwargs.setdefault("numerics", checkpoint.numerics)
-    config, arguments = _split_arguments(config, kwargs)
-    arguments.setdefault("classifier_activation", DEFAULT_CLASSIFIER_ACTIVATION)
-    if checkpoint is not None:
-        image_size, num_classes, include_top, representation_size = checkpoint.model_arguments(
-            config, image_size, num_classes, include_top, representation_size
-        )
-        name = name or checkpoint.tag
-    if image_size is not None:
-        config = config.replace(image_size=image_size)
-    model = ViT(
-        config,
-        num_classes=1000 if num_classes is None else num_classes,
-        include_top=True if include_top is None else include_top,
+    kwargs = dict(
+        kwargs,
+        image_size=image_size,
+        num_classes=num_classes,
+        include_top=include_top,
         representation_size=representation_size,
         name=name,
-        **arguments,
     )
-    if checkpoint is not None:
-        checkpoint.load_into(model, pos_embed_interpolation=pos_embed_interpolation)
-    return model
+    if pretrained is False or pretrained is None:
+        if pos_embed_interpolation is not None:
+            raise ValueError(
+                "pos_embed_interpolation resamples a checkpoint's position embedding: it needs pretrained=."
+            )
+        return build_vit(config, **kwargs)
+    from keras_vit.pretrained import resolve_pretrained
 
-
-def _take_layout(kwargs: dict, layout: dict) -> None:
-    """Fill the token layout arguments the caller left out from a checkpoint's (`CheckpointInfo.layout`).
-
-    `class_token` unless given; `pooling` unless given, if the [class] token agrees with the
-    checkpoint's (else the loader names the layout that fits); `fc_norm` (a LayerNorm after
-    average pooling) unless given, for `"gap"` pooling.
-    """
-    kwargs.setdefault("class_token", layout["class_token"])
-    if kwargs["class_token"] == layout["class_token"]:
-        kwargs.setdefault("pooling", layout["pooling"])
-    if kwargs.get("pooling") == "gap":
-        kwargs.setdefault("fc_norm", layout["fc_norm"])
+    _split_arguments(config, kwargs)  # argument errors before any download
+    checkpoint = resolve_pretrained(pretrained, config.name if config.name in VARIANTS else None)
+    return build_with_checkpoint(config, checkpoint, kwargs, pos_embed_interpolation)
 
 
 def _factory(variant: str):

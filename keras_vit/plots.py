@@ -1,4 +1,4 @@
-"""Pictures of `keras_vit.inspect`'s results, as in the paper's Figures 6 and 7, written to PNG.
+"""Pictures of `keras_vit.inspection`'s results, as in the paper's Figures 6 and 7, written to PNG.
 
 Needs matplotlib (the `plots` extra: `pip install -e ".[plots]"` in a checkout), imported only when a
 plot is drawn. Figures are drawn on matplotlib's Agg canvas directly (no `pyplot`, no global
@@ -16,7 +16,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from keras_vit import inspect as vit_inspect
+from keras_vit import inspection as vit_inspect
 from keras_vit.environment import install_hint
 
 __all__ = [
@@ -71,7 +71,7 @@ def plot_attention_rollout(
     """The input, the rollout map over it, and the image weighted by the map (paper Figure 6).
 
     `image`: `(H, W, 3)` or `(H, W)` pixels in [0, 255]; `heatmap`: `(H, W)` in [0, 1], one map
-    of `keras_vit.inspect.attention_rollout`.
+    of `keras_vit.inspection.attention_rollout`.
     """
     image = np.asarray(image, dtype="float32") / 255.0
     heatmap = np.asarray(heatmap, dtype="float32")
@@ -107,7 +107,7 @@ def plot_mean_attention_distance(
 ):
     """One dot per head at each depth (paper Figure 7 right).
 
-    `distances`: `(layers, heads)` from `keras_vit.inspect.mean_attention_distance`;
+    `distances`: `(layers, heads)` from `keras_vit.inspection.mean_attention_distance`;
     `reference`: an optional dashed line, e.g. `uniform_attention_distance(...)`.
     """
     distances = np.asarray(distances, dtype="float64")
@@ -143,7 +143,7 @@ def plot_position_embedding_similarity(
     """One tile per patch: its position embedding's cosine similarity with all patches (Figure 7 centre).
 
     `similarity`: `(rows, columns, rows, columns)` from
-    `keras_vit.inspect.position_embedding_similarity`.
+    `keras_vit.inspection.position_embedding_similarity`.
     """
     similarity = np.asarray(similarity, dtype="float32")
     if similarity.ndim != 4 or similarity.shape[:2] != similarity.shape[2:]:
@@ -180,7 +180,7 @@ def plot_embedding_filters(
 ):
     """The principal components of the patch-embedding filters as images (Figure 7 left).
 
-    `components`: `(n, P, P, C)` from `keras_vit.inspect.embedding_filters`, C = 3 (shown as
+    `components`: `(n, P, P, C)` from `keras_vit.inspection.embedding_filters`, C = 3 (shown as
     RGB) or 1 (grey); each is min-max scaled to [0, 1] for display. They are laid out in rows
     of `columns`, first component top left, in one image (white gaps between filters).
     """

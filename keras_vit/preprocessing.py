@@ -11,35 +11,40 @@ channel order) says which, and the three places that preprocess images all read 
 The last two share one TensorFlow implementation (`keras_vit.tf_preprocessing.ImagePreprocessing`),
 which reproduces Pillow's resize exactly (its fixed-point coefficients and pass order), so
 the three give identical pixels: the same uint8 after resizing, the same float32 after
-normalising. `Preprocessing.for_model(model)` (or `from_entry`) gives a checkpoint's spec from
-the catalog (`keras_vit.pretrained`); a model without a catalog row gets the package default
-declared once here, the class's field defaults: its input size, centre crop 0.9, bicubic,
-mean = std = 0.5 (i.e. [-1, 1], what every Google-trained checkpoint expects).
+normalising. The spec itself, and which one a model uses (`preprocessing_for(model)`, also
+`Preprocessing.for_model`: its catalog row's, else the package default), live in
+`keras_vit.catalog` and are re-exported here.
 
 `decode_predictions` turns a head's output into `(class_index, class_name, score)` with the
-checkpoint's label set. ImageNet-1k class names: `weights/imagenet1k_labels.txt`, the 1000
-names in the standard index order (sorted WordNet ids), one per line, copied from
-torchvision 0.29.1 (`torchvision.models._meta._IMAGENET_CATEGORIES`, its weights'
-`categories` metadata; the names are unique: e.g. index 134 is "crane bird", 517 "crane").
-ImageNet-21k names are not shipped: for 21843-class heads `decode_predictions` returns
-indices with the name `None`.
+checkpoint's label set (`keras_vit.catalog`: the ImageNet-1k names are shipped, in the
+standard index order; e.g. index 134 is "crane bird", 517 "crane"). ImageNet-21k names are
+not shipped: for 21843-class heads `decode_predictions` returns indices with the name `None`.
 
 This module imports neither TensorFlow nor Keras (Pillow only inside `load_image`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
-from importlib import resources
 
 import numpy as np
 
+from keras_vit.catalog import (
+    DEFAULT_CROP_PCT,
+    DEFAULT_INTERPOLATION,
+    GOOGLE_MEAN,
+    GOOGLE_STD,
+    INTERPOLATIONS,
+    LABEL_SETS,
+    RESAMPLERS,
+    Preprocessing,
+    imagenet1k_labels,
+    model_entry,
+    normalize,
+    preprocessing_for,
+)
 from keras_vit.defaults import MAX_PIXELS
 from keras_vit.validation import (
     ImageTooLargeError,
@@ -64,21 +69,12 @@ __all__ = [
     "imagenet1k_labels",
     "load_image",
     "normalize",
-    "resized_size",
     "preprocess_input",
+    "preprocessing_for",
+    "resized_size",
     "read_labels",
     "write_labels",
 ]
-
-GOOGLE_MEAN = (0.5, 0.5, 0.5)
-GOOGLE_STD = (0.5, 0.5, 0.5)
-# The package default for a model without a catalog row (as timm evaluates most ViTs).
-DEFAULT_CROP_PCT = 0.9
-DEFAULT_INTERPOLATION = "bicubic"
-INTERPOLATIONS = ("bicubic", "bilinear")
-RESAMPLERS = ("pillow", "tensorflow")
-CHANNEL_ORDERS = ("RGB",)
-LABEL_SETS = {"imagenet1k": 1000, "imagenet21k": 21843}
 
 
 class _Unset:
@@ -89,145 +85,6 @@ class _Unset:
 
 
 UNSET = _Unset()
-
-
-def _image_size(value) -> tuple[int, int]:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        sides = (int(value), int(value))
-    elif (
-        isinstance(value, Sequence)
-        and not isinstance(value, str)
-        and len(value) == 2
-        and all(isinstance(side, (int, np.integer)) and not isinstance(side, bool) for side in value)
-    ):
-        sides = (int(value[0]), int(value[1]))
-    else:
-        sides = None
-    if sides is None or min(sides) < 1:
-        raise ValueError(
-            f"image_size must be a positive int or (height, width) of positive ints, got {value!r}."
-        )
-    return sides
-
-
-def _channel_values(name: str, value) -> tuple[float, float, float]:
-    try:
-        values = tuple(float(v) for v in (value if isinstance(value, Sequence) else np.ravel(value)))
-    except (TypeError, ValueError):
-        values = ()
-    if len(values) == 1:
-        values = values * 3
-    if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise ValueError(f"{name} must be 3 finite numbers (one per RGB channel) or 1, got {value!r}.")
-    return values
-
-
-@dataclass(frozen=True)
-class Preprocessing:
-    """How a checkpoint's images are resized, cropped and normalised: one spec for every path.
-
-    Fields:
-        image_size: the model input `(height, width)` (an int is a square side).
-        mean, std: per-channel statistics of `(x / 255 - mean) / std`, x in [0, 255] (one
-            number is repeated to the 3 channels).
-        crop_pct: the centre-crop fraction: the shorter side is resized to
-            `max(image_size) / crop_pct` (rounded as Python's `round`), keeping the aspect
-            ratio, and the centre `image_size` kept, as timm's evaluation transform. `None`
-            (or 1.0, stored as `None`): resize straight to `image_size`, aspect ratio not kept.
-        interpolation: `"bicubic"` or `"bilinear"`, Pillow's filters (antialiased when shrinking).
-        channel_order: `"RGB"`, the only order the checkpoints take.
-        resampler: `"pillow"` (default): Pillow's resize, the width pass and the height pass
-            each rounded to uint8, exactly (the TensorFlow implementation reproduces it bit for
-            bit); `"tensorflow"`: one antialiased `tf.image.resize` pass rounded once, what
-            `data.train_pipeline` uses and what `keras-vit train` evaluates with (kept so its
-            measured accuracy stands); it has no Pillow implementation (`load_image` runs
-            TensorFlow for it).
-
-    The field defaults are the package default, used for a model without a catalog row:
-    `Preprocessing(image_size)` is crop 0.9, bicubic, mean = std = 0.5. The fields are
-    checked (and normalised: `image_size` to a pair, `mean`/`std` to 3 floats) on creation;
-    a bad value raises `ValueError` naming it. `replace(**changes)` gives a modified copy.
-    """
-
-    image_size: tuple[int, int]
-    mean: tuple[float, float, float] = GOOGLE_MEAN
-    std: tuple[float, float, float] = GOOGLE_STD
-    crop_pct: float | None = DEFAULT_CROP_PCT
-    interpolation: str = DEFAULT_INTERPOLATION
-    channel_order: str = "RGB"
-    resampler: str = "pillow"
-
-    def __post_init__(self):
-        set_field = functools.partial(object.__setattr__, self)
-        set_field("image_size", _image_size(self.image_size))
-        set_field("mean", _channel_values("mean", self.mean))
-        set_field("std", _channel_values("std", self.std))
-        if min(self.std) <= 0.0:
-            raise ValueError(f"std must be positive, got {self.std}.")
-        crop_pct = self.crop_pct
-        if crop_pct is not None:
-            if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float, np.number)):
-                raise ValueError(f"crop_pct must be in (0, 1] (1.0: no crop) or None, got {crop_pct!r}.")
-            if not 0.0 < float(crop_pct) <= 1.0:
-                raise ValueError(f"crop_pct must be in (0, 1] (1.0: no crop) or None, got {crop_pct!r}.")
-            set_field("crop_pct", None if float(crop_pct) >= 1.0 else float(crop_pct))
-        if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(f"interpolation must be one of {INTERPOLATIONS}, got {self.interpolation!r}.")
-        if self.channel_order not in CHANNEL_ORDERS:
-            raise ValueError(
-                f"channel_order must be one of {CHANNEL_ORDERS} (every checkpoint takes RGB), "
-                f"got {self.channel_order!r}."
-            )
-        if self.resampler not in RESAMPLERS:
-            raise ValueError(f"resampler must be one of {RESAMPLERS}, got {self.resampler!r}.")
-
-    @classmethod
-    def from_entry(cls, entry, image_size: int | Sequence[int] | None = None) -> Preprocessing:
-        """The spec of a catalog row (`keras_vit.pretrained.CatalogEntry`), at its resolution by default.
-
-        The row's mean, std, crop_pct and interpolation (a row without an interpolation gets
-        the package default); `image_size` for a model built at another input size.
-        """
-        return cls(
-            image_size=entry.resolution if image_size is None else image_size,
-            mean=entry.mean,
-            std=entry.std,
-            crop_pct=entry.crop_pct,
-            interpolation=entry.interpolation or DEFAULT_INTERPOLATION,
-        )
-
-    @classmethod
-    def for_model(cls, model_or_tag, image_size: int | Sequence[int] | None = None) -> Preprocessing:
-        """The spec of a model (its catalog row if it was built from a tag, else the package default).
-
-        `model_or_tag`: a model (its input size is the default `image_size`; the catalog row is
-        found by `keras_vit.pretrained.model_entry`: by `pretrained_tag` or name), a full
-        catalog tag (at its resolution), or `None` (the package default; `image_size` required).
-        """
-        from keras_vit.pretrained import model_entry
-
-        entry = model_entry(model_or_tag)
-        if image_size is None and hasattr(model_or_tag, "input_shape"):
-            image_size = _model_input_size(model_or_tag)
-        if entry is not None:
-            return cls.from_entry(entry, image_size)
-        if image_size is None:
-            raise ValueError("The package default preprocessing needs an image_size.")
-        return cls(image_size)
-
-    def replace(self, **changes) -> Preprocessing:
-        """A copy with some fields changed (checked again), e.g. `spec.replace(crop_pct=None)`."""
-        return dataclasses.replace(self, **changes)
-
-
-def _model_input_size(model) -> tuple[int, int]:
-    shape = getattr(model, "input_shape", None)
-    if not isinstance(shape, tuple) or len(shape) != 4 or None in shape[1:3]:
-        raise ValueError(
-            f"The preprocessing of a model needs one image input (batch, height, width, channels) of "
-            f"fixed size, got input shape {shape}: build it with a fixed image_size, or pass image_size."
-        )
-    return int(shape[1]), int(shape[2])
 
 
 def as_spec(spec_or_size, **overrides) -> Preprocessing:
@@ -241,24 +98,9 @@ def as_spec(spec_or_size, **overrides) -> Preprocessing:
     elif isinstance(spec_or_size, (int, np.integer, tuple, list)):
         spec = Preprocessing(spec_or_size)
     else:
-        spec = Preprocessing.for_model(spec_or_size)
+        spec = preprocessing_for(spec_or_size)
     changes = {name: value for name, value in overrides.items() if value is not UNSET}
     return spec.replace(**changes) if changes else spec
-
-
-def normalize(images, mean=GOOGLE_MEAN, std=GOOGLE_STD) -> np.ndarray:
-    """Map pixel values in [0, 255] to `(x / 255 - mean) / std` (float32, channels last), unchecked.
-
-    The normalisation of a `Preprocessing` (`normalize(x, spec.mean, spec.std)`). The
-    TensorFlow implementation looks uint8 pixels up in a table this function computes, so the
-    two agree exactly.
-    """
-    images = np.array(images, dtype="float32")  # a copy, normalised in place: no temporaries
-    channels = images.shape[-1]
-    images /= 255.0
-    images -= np.resize(np.asarray(mean, dtype="float32"), channels)
-    images /= np.resize(np.asarray(std, dtype="float32"), channels)
-    return images
 
 
 def _check_pixel_range(images: np.ndarray) -> None:
@@ -369,7 +211,7 @@ def load_image(
     """Read an image (path, PIL image or `(H, W[, C])` array), resized and cropped as a spec says.
 
     `image_size`: a `Preprocessing` spec, a model or a full catalog tag (its spec,
-    `Preprocessing.for_model`), or an int / `(height, width)`: the package default spec at that
+    `preprocessing_for`), or an int / `(height, width)`: the package default spec at that
     size (centre crop 0.9, bicubic). `crop_pct` and `interpolation`, when given, replace the
     spec's: the shorter side is resized to `max(image_size) / crop_pct` and the centre crop
     kept (`crop_pct=None` or 1.0: resize straight to `image_size`). Pillow does the resize
@@ -399,18 +241,6 @@ def load_image(
     resized = _pillow_resize(picture, new_width, new_height, resample)
     left, top = (new_width - width) // 2, (new_height - height) // 2
     return np.asarray(resized.crop((left, top, left + width, top + height)))
-
-
-def _mean_std(spec_tag_or_model) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """`(mean, std)` of a spec, or of a tag's / model's catalog row (the package default if it has none)."""
-    if isinstance(spec_tag_or_model, Preprocessing):
-        return spec_tag_or_model.mean, spec_tag_or_model.std
-    from keras_vit.pretrained import model_entry
-
-    entry = model_entry(spec_tag_or_model)
-    if entry is None:
-        return GOOGLE_MEAN, GOOGLE_STD
-    return tuple(entry.mean), tuple(entry.std)
 
 
 def preprocess_input(images, tag_or_model=None) -> np.ndarray:
@@ -444,8 +274,9 @@ def preprocess_input(images, tag_or_model=None) -> np.ndarray:
             "images[..., None]; channels-first images need np.moveaxis(images, -3, -1)."
         )
     _check_pixel_range(images)
-    mean, std = _mean_std(tag_or_model)
-    return normalize(images, mean, std)
+    if not isinstance(tag_or_model, Preprocessing):
+        tag_or_model = preprocessing_for(tag_or_model, image_size=images.shape[-3:-1])
+    return normalize(images, tag_or_model.mean, tag_or_model.std)
 
 
 def read_labels(path) -> list[str]:
@@ -466,13 +297,6 @@ def write_labels(path, names: Sequence[str]) -> None:
         raise ValueError("Class names must not contain line breaks.")
     with open(path, "w", encoding="utf-8") as file:
         file.write("".join(f"{name}\n" for name in names))
-
-
-@functools.lru_cache(maxsize=1)
-def imagenet1k_labels() -> tuple[str, ...]:
-    """The 1000 ImageNet-1k class names in index order."""
-    text = resources.files("keras_vit.weights").joinpath("imagenet1k_labels.txt").read_text(encoding="utf-8")
-    return tuple(text.splitlines())
 
 
 def _as_probabilities(preds: np.ndarray, model=None) -> np.ndarray:
@@ -502,8 +326,6 @@ def decode_predictions(preds, top: int = 5, tag_or_model=None) -> list[list[tupl
         raise ValueError(f"decode_predictions expects (batch, classes) predictions, got shape {preds.shape}.")
     if not isinstance(top, (int, np.integer)) or top < 1:
         raise ValueError(f"top must be a positive int, got {top!r}.")
-    from keras_vit.pretrained import model_entry
-
     width = preds.shape[1]
     entry = model_entry(tag_or_model)
     if entry is not None:

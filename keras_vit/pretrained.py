@@ -1,26 +1,17 @@
-"""Published ViT checkpoints: the catalog, downloads from the Hugging Face Hub, and `pretrained=`.
+"""Published ViT checkpoints: downloads from the Hugging Face Hub, and resolving `pretrained=`.
 
-The catalog is data: `weights/catalog.json` (package data of `keras_vit.weights`) holds one row
-per published checkpoint (`CatalogEntry`) and one default tag per variant.
+The catalog itself (the rows of `weights/catalog.json`, tags, default tags, preprocessing and
+labels) is `keras_vit.catalog`, pure data below everything; this module resolves a
+`pretrained=` value to a `Checkpoint` (downloading it if needed) and answers, once, what model
+fits it (`Checkpoint.model_kwargs`). `keras_vit.models.build_with_checkpoint` builds and loads
+that model for `create_model(..., pretrained=)` and `keras_vit.load_pretrained`;
+`load_weights` loads into a model that exists.
 
-* Tags are `<variant>.<pre-training>`, e.g. `vit_b16.augreg2_in21k_ft_in1k`, with the suffix
-  `_384` for checkpoints fine-tuned at 384 px (`vit_b16.augreg_in21k_ft_in1k_384`). Inside a
-  factory the variant may be left out: `vit_b16(pretrained="augreg_in21k_ft_in1k")`.
-* `format: "timm"` rows are the `timm/<model>.<tag>` repos (`model.safetensors`). Their hub
-  id, resolution, class count, mean/std, crop_pct and interpolation were copied from timm
-  1.0.31's `pretrained_cfg` (named in each row's `metadata_source`); the test suite checks
-  that they still agree with the installed timm.
-* `format: "hf"` rows are the `google/vit-*` transformers repos (`pytorch_model.bin`, the
-  file every one of them has); preprocessing from `ViTImageProcessor` (bilinear resize,
-  no crop, mean = std = 0.5). Their `*-in21k` models are `ViTModel`s: no head, and a pooler
-  that is the paper's pre-logits layer (`representation_size`).
-* `format` is one of `keras_vit.converters.FORMATS`; `"google_npz"` would be a hub repo that
-  hosts an original `.npz` (no row needs it yet).
-* `numerics` is the `ViTConfig.numerics` a model built from the row computes with: its source
-  code's (`"timm"` for timm rows; `"hf"` for the transformers rows, whose `config.json` files
-  have exact GELU and LayerNorm eps 1e-12), so that its outputs are that code's.
-* `sha256`: the hub publishes each LFS file's sha256, but the catalog was written offline,
-  so every row has `null` (no hash is made up). A row with a hash is verified after download.
+* Tags are `<variant>.<pre-training>`, e.g. `vit_b16.augreg2_in21k_ft_in1k`; inside a factory
+  the variant may be left out: `vit_b16(pretrained="augreg_in21k_ft_in1k")`.
+* A folder written by `keras_vit.save_pretrained`, or a Hub repo (`"hf-hub:org/name"`) that
+  `keras_vit.push_to_hub` wrote, has `keras_vit.json` (`read_shared`): the weights file, its
+  format and the model's exact config (numerics, heads, layout).
 
 Downloads go through `huggingface_hub.hf_hub_download`: its cache (`HF_HUB_CACHE`), its
 progress bar, and `HF_HUB_OFFLINE=1` to use only what is cached. A file not in the cache is
@@ -35,8 +26,6 @@ A model built from a tag is named after it (`model.name == "vit_b16.augreg2_in21
 unless `name=` is given) and has `model.pretrained_tag`; the name survives `.keras` saving,
 so `preprocess_input(images, model)` and `decode_predictions(preds, tag_or_model=model)`
 find the checkpoint's normalisation and labels for a reloaded model too.
-
-`catalog_markdown()` renders the catalog as a Markdown table (for the README).
 """
 
 from __future__ import annotations
@@ -51,14 +40,17 @@ import socket
 import threading
 import urllib.parse
 import urllib.request
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 import keras
 import numpy as np
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
+from keras_vit import catalog
 from keras_vit.converters import (
     CheckpointError,
     CheckpointInfo,
@@ -68,25 +60,29 @@ from keras_vit.converters import (
     read_checkpoint,
 )
 from keras_vit.converters.loading import read_hf_config
-from keras_vit.variants import VARIANTS, ViTConfig, config_of, get_config
+from keras_vit.variants import ViTConfig, architecture, config_of, get_config, variant_for
 
 __all__ = [
-    "CatalogEntry",
     "Checkpoint",
     "WeightsIntegrityError",
     "WeightsUnavailableError",
-    "catalog_markdown",
     "checkpoint_record",
-    "default_tag",
-    "default_tags",
     "download_checkpoint",
-    "get_entry",
     "hub_repo_files",
-    "list_pretrained",
     "load_weights",
-    "model_entry",
+    "read_shared",
     "resolve_pretrained",
 ]
+# Catalog names that lived here before `keras_vit.catalog`: still reachable, with a warning.
+_MOVED_TO_CATALOG = (
+    "CatalogEntry",
+    "catalog_markdown",
+    "default_tag",
+    "default_tags",
+    "get_entry",
+    "list_pretrained",
+    "model_entry",
+)
 
 DEFAULT_FILENAME = "model.safetensors"
 # `pretrained="hf-hub:org/name"`: a Hub repo, e.g. one `keras_vit.push_to_hub` wrote, whose
@@ -157,113 +153,15 @@ class WeightsIntegrityError(WeightsUnavailableError):
     """A downloaded or cached checkpoint is corrupt (truncated, wrong sha256); it was deleted."""
 
 
-@dataclass(frozen=True)
-class CatalogEntry:
-    """One published checkpoint (a row of `weights/catalog.json`)."""
-
-    tag: str
-    variant: str
-    hub_repo: str
-    filename: str
-    format: str
-    numerics: str
-    training_data: str
-    resolution: int
-    num_classes: int | None
-    label_set: str | None
-    representation_size: int | None
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-    crop_pct: float | None
-    interpolation: str | None
-    sha256: str | None
-    metadata_source: str
-
-    @property
-    def pretraining(self) -> str:
-        """The tag without the variant, e.g. `augreg2_in21k_ft_in1k`."""
-        return self.tag.split(".", 1)[1]
-
-
-@functools.lru_cache(maxsize=1)
-def _catalog() -> tuple[dict[str, CatalogEntry], dict[str, str]]:
-    """(tag -> entry, variant -> default pre-training tag), read once from the package data."""
-    text = resources.files("keras_vit.weights").joinpath("catalog.json").read_text(encoding="utf-8")
-    data = json.loads(text)
-    entries = {}
-    for row in data["checkpoints"]:
-        entry = CatalogEntry(**{**row, "mean": tuple(row["mean"]), "std": tuple(row["std"])})
-        entries[entry.tag] = entry
-    return entries, dict(data["defaults"])
-
-
-def list_pretrained(variant: str | None = None) -> list[str]:
-    """Every catalog tag, or those of one variant, e.g. `list_pretrained("vit_b16")`."""
-    if variant is not None:
-        get_config(variant)
-    return sorted(tag for tag, entry in _catalog()[0].items() if variant in (None, entry.variant))
-
-
-def default_tag(variant: str) -> str:
-    """The full tag `pretrained=True` loads for `variant`."""
-    get_config(variant)
-    defaults = _catalog()[1]
-    if variant not in defaults:
-        raise ValueError(f"{variant} has no published checkpoint: build it with pretrained=False.")
-    return f"{variant}.{defaults[variant]}"
-
-
-def default_tags() -> dict[str, str]:
-    """`{variant: full tag}` of every variant's default checkpoint (what `pretrained=True` loads)."""
-    return {variant: f"{variant}.{tag}" for variant, tag in _catalog()[1].items()}
-
-
-def get_entry(tag: str, variant: str | None = None) -> CatalogEntry:
-    """The catalog row of `tag`: a full tag, or a pre-training tag of `variant`.
-
-    A tag of another variant is an error that names the factory that loads it.
-    """
-    entries = _catalog()[0]
-    full_tag = tag if "." in tag or variant is None else f"{variant}.{tag}"
-    entry = entries.get(full_tag)
-    if entry is not None:
-        if variant is not None and entry.variant != variant:
-            raise ValueError(
-                f"{tag!r} is a checkpoint of {entry.variant}, not {variant}: build it with "
-                f"keras_vit.{entry.variant}(pretrained={entry.tag!r})."
-            )
-        return entry
-    pretraining = full_tag.split(".", 1)[-1]
-    elsewhere = sorted(e.variant for e in entries.values() if e.pretraining == pretraining)
-    message = f"Unknown checkpoint tag {tag!r}"
-    if variant is not None:
-        message += f" for {variant}; its tags: {[t.split('.', 1)[1] for t in list_pretrained(variant)]}"
-    else:
-        message += "; use a full tag `<variant>.<pre-training>` from keras_vit.list_pretrained()"
-    if elsewhere:
-        message += f". {pretraining!r} exists for {', '.join(elsewhere)}: e.g. keras_vit.{elsewhere[0]}(...)"
-    raise ValueError(message + ".")
-
-
-def model_entry(tag_or_model) -> CatalogEntry | None:
-    """The catalog row of a full tag, or of a model built from one (by `pretrained_tag` or name).
-
-    `None`, and models not built from a catalog tag, give `None`.
-    """
-    if tag_or_model is None or isinstance(tag_or_model, CatalogEntry):
-        return tag_or_model
-    if isinstance(tag_or_model, str):
-        if "." not in tag_or_model:
-            raise ValueError(
-                f"{tag_or_model!r} is not a full tag: use `<variant>.<pre-training>`, "
-                f"e.g. 'vit_b16.{tag_or_model}' (keras_vit.list_pretrained())."
-            )
-        return get_entry(tag_or_model)
-    if isinstance(tag_or_model, keras.Model):
-        entries = _catalog()[0]
-        tag = getattr(tag_or_model, "pretrained_tag", None) or tag_or_model.name
-        return entries.get(tag)
-    raise TypeError(f"Expected a catalog tag, a keras.Model or None, got {type(tag_or_model).__name__}.")
+def __getattr__(name: str):
+    if name in _MOVED_TO_CATALOG:
+        warnings.warn(
+            f"keras_vit.pretrained.{name} moved to keras_vit.catalog.{name}.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(catalog, name)
+    raise AttributeError(f"module 'keras_vit.pretrained' has no attribute {name!r}")
 
 
 def _sha256(path: str) -> str:
@@ -319,21 +217,21 @@ def _hub_download(
 
 
 def download_checkpoint(
-    source: str | CatalogEntry,
+    source: str | catalog.CatalogEntry,
     *,
     cache_dir: str | os.PathLike | None = None,
     endpoint: str | None = None,
 ) -> str:
     """Local path of a checkpoint from the hub cache, downloaded first if missing.
 
-    `source` is a full catalog tag, a `CatalogEntry`, or a hub repo id `"org/name"` (file
+    `source` is a full catalog tag, a `catalog.CatalogEntry`, or a hub repo id `"org/name"` (file
     name from the catalog, else `model.safetensors`). `cache_dir` and `endpoint` are passed to
     `huggingface_hub.hf_hub_download` (defaults: `HF_HUB_CACHE`, `HF_ENDPOINT`).
     """
-    if isinstance(source, CatalogEntry):
+    if isinstance(source, catalog.CatalogEntry):
         entry = source
     elif "/" in source:
-        entry = _entry_for_repo(source, None)
+        entry = catalog.entry_for_repo(source)
         if entry is None:
             return _hub_download(
                 source,
@@ -344,7 +242,7 @@ def download_checkpoint(
                 endpoint=endpoint,
             )
     else:
-        entry = get_entry(source)
+        entry = catalog.get_entry(source)
     return _hub_download(
         entry.hub_repo,
         entry.filename,
@@ -356,29 +254,82 @@ def download_checkpoint(
     )
 
 
-def _entry_for_repo(repo: str, variant: str | None) -> CatalogEntry | None:
-    matches = [entry for entry in _catalog()[0].values() if entry.hub_repo == repo]
-    preferred = [entry for entry in matches if entry.variant == variant]
-    return (preferred or matches or [None])[0]
-
-
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint read into memory, with where it came from and what it holds."""
+    """A checkpoint read into memory, with where it came from and what it holds.
+
+    `entry` is its catalog row (`None` for a file or repo outside the catalog), `metadata` the
+    `keras_vit.json` of a folder or Hub repo that keras_vit wrote (`None` otherwise).
+    """
 
     state: dict[str, np.ndarray]
     info: CheckpointInfo
-    entry: CatalogEntry | None
+    entry: catalog.CatalogEntry | None
     label: str
+    metadata: dict | None = None
 
     @property
     def tag(self) -> str | None:
-        return None if self.entry is None else self.entry.tag
+        """The catalog tag whose preprocessing and labels the weights take (the row's, the saved model's)."""
+        if self.entry is not None:
+            return self.entry.tag
+        return (self.metadata or {}).get("model", {}).get("pretrained_tag")
 
     @property
     def numerics(self) -> str:
         """The `ViTConfig.numerics` of the checkpoint's source: the catalog row's, else the file's."""
         return self.info.numerics if self.entry is None else self.entry.numerics
+
+    def model_kwargs(self, config: ViTConfig, kwargs: Mapping | None = None) -> dict:
+        """The keywords of `build_vit(config, **kwargs)` for a model that fits this checkpoint, asked once.
+
+        `kwargs` are the caller's (`ViT` arguments and `ViTConfig` fields, as `create_model`
+        takes them; `None` for `image_size`, `num_classes`, `include_top`,
+        `representation_size` or `name` means unset). What the caller leaves unset the
+        checkpoint gives: its token layout (`class_token`; `pooling` if the [class] token
+        agrees; `fc_norm` for `"gap"` pooling), its `numerics`, its resolution as `image_size`
+        (a user's size resizes the position embedding), its head (no head, e.g. `orig_in21k`,
+        gives `include_top=False` unless `num_classes` is given; a user's `num_classes` gives a
+        fresh zero head), its pre-logits width (`representation_size=0` drops it) and, for a
+        catalog tag, the `name`.
+        """
+        kwargs = {
+            key: value
+            for key, value in (kwargs or {}).items()
+            if value is not None or key in _NONE_IS_A_VALUE
+        }
+        layout = self.info.layout
+        kwargs.setdefault("class_token", layout["class_token"])
+        if kwargs["class_token"] == layout["class_token"]:
+            kwargs.setdefault("pooling", layout["pooling"])
+        if kwargs.get("pooling") == "gap":
+            kwargs.setdefault("fc_norm", layout["fc_norm"])
+        kwargs.setdefault("numerics", self.numerics)
+        if self.entry is not None:
+            kwargs.setdefault("image_size", self.entry.resolution)
+        else:
+            kwargs.setdefault("image_size", tuple(side * config.stride for side in self.info.grid))
+        has_head = self.info.num_classes is not None
+        include_top = kwargs.setdefault("include_top", has_head or "num_classes" in kwargs)
+        if include_top and "num_classes" not in kwargs:
+            if not has_head:
+                raise ValueError(
+                    f"{self.label} has no classification head: pass num_classes=<your classes> for a "
+                    "new zero-initialised head, or leave include_top unset to get features."
+                )
+            kwargs["num_classes"] = self.info.num_classes
+        stored = self.info.representation_size
+        wanted = kwargs.get("representation_size", stored)
+        if wanted and wanted != stored:
+            has = "no pre-logits layer" if stored is None else f"a pre-logits layer of width {stored}"
+            raise ValueError(
+                f"{self.label} has {has}, not one of width {wanted}: leave representation_size unset "
+                "to build the model as the checkpoint has it, or pass 0 to drop it."
+            )
+        kwargs["representation_size"] = wanted or None
+        if self.entry is not None:
+            kwargs.setdefault("name", self.entry.tag)
+        return kwargs
 
     def model_arguments(
         self,
@@ -388,38 +339,25 @@ class Checkpoint:
         include_top: bool | None,
         representation_size: int | None,
     ) -> tuple[int | tuple[int, int], int | None, bool, int | None]:
-        """`(image_size, num_classes, include_top, representation_size)` of a model for this checkpoint.
-
-        Unset arguments (`None`) take the checkpoint's values: its resolution, its class count
-        (no head, e.g. `orig_in21k`, gives `include_top=False` unless `num_classes` is given)
-        and its pre-logits width. A user's `num_classes` gives a fresh zero head, a user's
-        `image_size` a resized position embedding, `representation_size=0` drops pre-logits.
-        """
-        if image_size is None:
-            grid_pixels = tuple(side * config.stride for side in self.info.grid)
-            image_size = self.entry.resolution if self.entry else grid_pixels
-        has_head = self.info.num_classes is not None
-        if include_top is None:
-            include_top = has_head or num_classes is not None
-        if include_top and num_classes is None:
-            if not has_head:
-                raise ValueError(
-                    f"{self.label} has no classification head: pass num_classes=<your classes> for a "
-                    "new zero-initialised head, or leave include_top unset to get features."
-                )
-            num_classes = self.info.num_classes
-        stored = self.info.representation_size
-        if representation_size is None:
-            representation_size = stored
-        elif not representation_size:
-            representation_size = None
-        elif representation_size != stored:
-            has = "no pre-logits layer" if stored is None else f"a pre-logits layer of width {stored}"
-            raise ValueError(
-                f"{self.label} has {has}, not one of width {representation_size}: leave "
-                "representation_size unset to build the model as the checkpoint has it, or pass 0 to drop it."
-            )
-        return image_size, num_classes, include_top, representation_size
+        """Deprecated: `model_kwargs`, which answers every argument at once."""
+        warnings.warn(
+            "Checkpoint.model_arguments is deprecated: use Checkpoint.model_kwargs.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        given = dict(
+            image_size=image_size,
+            num_classes=num_classes,
+            include_top=include_top,
+            representation_size=representation_size,
+        )
+        kwargs = self.model_kwargs(config, given)
+        return (
+            kwargs["image_size"],
+            kwargs.get("num_classes"),
+            kwargs["include_top"],
+            kwargs["representation_size"],
+        )
 
     def load_into(self, model: keras.Model, pos_embed_interpolation: str | None = None) -> None:
         """Copy the weights into `model` (position embedding resized, other-sized head skipped).
@@ -432,16 +370,9 @@ class Checkpoint:
         model.pretrained_tag = self.tag
 
 
-_SHAPE_FIELDS = ("hidden_size", "depth", "num_heads", "mlp_dim", "patch_size", "resnet_stages")
-
-
-def _architecture(source: ViTConfig | CheckpointInfo) -> dict[str, int]:
-    """The shape of a config's or checkpoint's Transformer (and hybrid ResNet), compared before loading."""
-    return {key: getattr(source, key) for key in _SHAPE_FIELDS}
-
-
-def _model_architecture(model: keras.Model) -> dict[str, int]:
-    return _architecture(config_of(model))
+# `Checkpoint.model_kwargs`: keywords whose `None` is a value (no pooling: the token sequence),
+# not "unset"; every other `None` lets the checkpoint decide.
+_NONE_IS_A_VALUE = ("pooling", "classifier_activation", "pretrained_tag", "quantization")
 
 
 def _check_fits(
@@ -462,12 +393,12 @@ def _check_fits(
 
 def _locate(
     source, variant: str | None, cache_dir: str | os.PathLike | None
-) -> tuple[str, CatalogEntry | None, bool]:
+) -> tuple[str, catalog.CatalogEntry | None, bool]:
     """(local path, catalog row or None, whether the path is in the hub cache) of a `pretrained=` value."""
     if source is True:
         if variant is None:
             raise ValueError("pretrained=True needs a variant: pass a full tag, a file path or a repo id.")
-        entry = get_entry(default_tag(variant))
+        entry = catalog.get_entry(catalog.default_tag(variant))
         return download_checkpoint(entry, cache_dir=cache_dir), entry, True
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(
@@ -482,10 +413,10 @@ def _locate(
             "(keras_vit.list_pretrained()), a local file path, or a hub repo id 'org/name'."
         )
     if "/" not in source:
-        entry = get_entry(source, variant)
+        entry = catalog.get_entry(source, variant)
         return download_checkpoint(entry, cache_dir=cache_dir), entry, True
     if _REPO_ID.fullmatch(source):
-        entry = _entry_for_repo(source, variant)
+        entry = catalog.entry_for_repo(source, variant)
         if entry is not None:
             return download_checkpoint(entry, cache_dir=cache_dir), entry, True
         path = _hub_download(
@@ -522,8 +453,7 @@ def hub_repo_files(
     except WeightsUnavailableError:
         metadata = None
     else:
-        with open(metadata_path, encoding="utf-8") as file:
-            metadata = json.load(file)
+        metadata = _read_metadata(metadata_path)
     filename = metadata["weights"] if metadata else DEFAULT_FILENAME
     path = download(filename)
     if (metadata or {}).get("format", "hf") == "hf":
@@ -532,13 +462,34 @@ def hub_repo_files(
     return path, metadata
 
 
+def _read_metadata(path: str | os.PathLike) -> dict:
+    """The contents of a `keras_vit.json`."""
+    with open(path, encoding="utf-8") as file:
+        return json.load(file)
+
+
+def read_shared(
+    source: str | os.PathLike, *, variant: str | None = None, cache_dir: str | os.PathLike | None = None
+) -> tuple[str, dict | None]:
+    """(weights path, `keras_vit.json` or None) of a `save_pretrained` folder or a repo `"hf-hub:org/name"`.
+
+    The one reader of `keras_vit.json`. A folder without one gives `(folder, None)` (its
+    weights file is found by `keras_vit.converters.read_checkpoint`), a repo without one its
+    `model.safetensors`.
+    """
+    if isinstance(source, str) and source.startswith(HUB_PREFIX):
+        return hub_repo_files(source[len(HUB_PREFIX) :], variant=variant, cache_dir=cache_dir)
+    folder = Path(source).expanduser()
+    if not (folder / METADATA_FILE).is_file():
+        return str(folder), None
+    metadata = _read_metadata(folder / METADATA_FILE)
+    return str(folder / metadata["weights"]), metadata
+
+
 def _shared_info(metadata: dict) -> CheckpointInfo:
     """The architecture of a checkpoint `keras_vit.save_pretrained` wrote, from its `keras_vit.json`."""
     arguments = metadata["model"]
     config = ViTConfig.from_dict(arguments["config"])
-    variant = next(
-        (name for name, row in VARIANTS.items() if _architecture(row) == _architecture(config)), None
-    )
     return CheckpointInfo(
         format=metadata["format"],
         hidden_size=config.hidden_size,
@@ -550,7 +501,7 @@ def _shared_info(metadata: dict) -> CheckpointInfo:
         channels=arguments["channels"],
         num_classes=arguments["num_classes"] if arguments["include_top"] else None,
         representation_size=arguments["representation_size"],
-        variant=variant,
+        variant=variant_for(config),
         resnet_stages=config.resnet_stages,
         class_token=config.class_token,
         pooling=config.pooling,
@@ -578,16 +529,19 @@ def resolve_pretrained(
     """Find, download if needed, read and check the checkpoint a `pretrained=` value names.
 
     `source`: `True` (the variant's default tag), a tag (short with `variant`, or full), a
-    local file (format detected) or a hub repo id (`"org/name"`, or `"hf-hub:org/name"`, whose
-    `keras_vit.json`, if any, gives the weights file, format, head count and numerics). With
-    `variant`, a checkpoint of another architecture is an error naming the factory that fits it.
+    local file (format detected), a `save_pretrained` folder, or a hub repo id (`"org/name"`,
+    or `"hf-hub:org/name"`). A folder's or repo's `keras_vit.json`, if any, gives the weights
+    file, format, head count, numerics and layout exactly. With `variant`, a checkpoint of
+    another architecture is an error naming the factory that fits it.
     """
     metadata = None
     if isinstance(source, str) and source.startswith(HUB_PREFIX):
-        path, metadata = hub_repo_files(source[len(HUB_PREFIX) :], variant=variant, cache_dir=cache_dir)
+        path, metadata = read_shared(source, variant=variant, cache_dir=cache_dir)
         entry, from_hub = None, True
     else:
         path, entry, from_hub = _locate(source, variant, cache_dir)
+        if os.path.isdir(path):
+            path, metadata = read_shared(path)
     label = f"checkpoint {entry.tag!r}" if entry else f"checkpoint {os.fspath(source)!r}"
     state = _read(path, from_hub, label)
     if metadata is not None:  # keras_vit.json records what the weights do not: heads, numerics, layout
@@ -597,16 +551,8 @@ def resolve_pretrained(
         hf_config = read_hf_config(path) if format == "hf" else None  # head count, numerics
         info = inspect_checkpoint(state, format=format, hf_config=hf_config)
     if variant is not None:
-        _check_fits(_architecture(get_config(variant)), variant, _architecture(info), info.variant, label)
-    return Checkpoint(state=state, info=info, entry=entry, label=label)
-
-
-def _variant_of(model: keras.Model, architecture: dict[str, int]) -> str | None:
-    """The model's registry variant if it has that variant's architecture, else the only one that has."""
-    if model.config.name in VARIANTS and _architecture(VARIANTS[model.config.name]) == architecture:
-        return model.config.name
-    matches = [name for name, config in VARIANTS.items() if _architecture(config) == architecture]
-    return matches[0] if len(matches) == 1 else None
+        _check_fits(architecture(get_config(variant)), variant, architecture(info), info.variant, label)
+    return Checkpoint(state=state, info=info, entry=entry, label=label, metadata=metadata)
 
 
 def checkpoint_record(source, model: keras.Model | None = None) -> dict | None:
@@ -624,8 +570,7 @@ def checkpoint_record(source, model: keras.Model | None = None) -> dict | None:
     path = None if source is True else os.path.expanduser(os.fspath(source))
     if path is None or not os.path.isfile(path):
         path = None
-        tag = getattr(model, "pretrained_tag", None)
-        entry = _catalog()[0].get(tag) if tag else None
+        entry = catalog.model_entry(model) if getattr(model, "pretrained_tag", None) else None
         if entry is not None:
             repo, filename = entry.hub_repo, entry.filename
             record["tag"] = entry.tag
@@ -658,31 +603,15 @@ def load_weights(
     numerics (`ViTConfig.numerics`); `create_model(..., pretrained=source)` builds one with the
     source's. A catalog tag of another architecture is refused before anything is downloaded.
     """
-    architecture = _model_architecture(model)
-    variant = _variant_of(model, architecture)
+    config = config_of(model)
+    shape = architecture(config)
+    variant = variant_for(config, prefer=config.name)
     is_tag = isinstance(source, str) and "." in source and "/" not in source and not os.path.exists(source)
     if variant is None and is_tag:
-        entry = get_entry(source)
-        stored = _architecture(get_config(entry.variant))
-        _check_fits(architecture, model.name, stored, entry.variant, f"checkpoint {entry.tag!r}")
+        entry = catalog.get_entry(source)
+        stored = architecture(get_config(entry.variant))
+        _check_fits(shape, model.name, stored, entry.variant, f"checkpoint {entry.tag!r}")
     checkpoint = resolve_pretrained(source, variant, cache_dir=cache_dir)
     info = checkpoint.info
-    _check_fits(architecture, model.name, _architecture(info), info.variant, checkpoint.label)
+    _check_fits(shape, model.name, architecture(info), info.variant, checkpoint.label)
     checkpoint.load_into(model, pos_embed_interpolation=pos_embed_interpolation)
-
-
-def catalog_markdown() -> str:
-    """The catalog as a Markdown table (tag, resolution, classes, numerics, training data, hub repo)."""
-    defaults = {f"{variant}.{tag}" for variant, tag in _catalog()[1].items()}
-    lines = [
-        "| Tag | Resolution | Classes | Numerics | Training data | Hub repo (file) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for entry in _catalog()[0].values():
-        tag = f"`{entry.tag}`" + (" (default)" if entry.tag in defaults else "")
-        classes = "none (features)" if entry.num_classes is None else str(entry.num_classes)
-        lines.append(
-            f"| {tag} | {entry.resolution} | {classes} | {entry.numerics} | {entry.training_data} | "
-            f"[{entry.hub_repo}](https://huggingface.co/{entry.hub_repo}) (`{entry.filename}`) |"
-        )
-    return "\n".join(lines)

@@ -31,10 +31,11 @@ from types import ModuleType
 import keras
 
 from keras_vit import __version__
-from keras_vit.converters import load_checkpoint, write_google_npz, write_hf, write_timm
-from keras_vit.converters.write_common import NotExpressibleError, check_writable, label_list
-from keras_vit.preprocessing import LABEL_SETS, Preprocessing, imagenet1k_labels
-from keras_vit.pretrained import HUB_PREFIX, METADATA_FILE, hub_repo_files, model_entry
+from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
+from keras_vit.converters import write_google_npz, write_hf, write_timm
+from keras_vit.converters.write_common import NotExpressibleError, check_writable
+from keras_vit.pretrained import HUB_PREFIX, METADATA_FILE, read_shared, resolve_pretrained
+from keras_vit.variants import ViTConfig
 
 __all__ = [
     "FORMATS",
@@ -60,16 +61,7 @@ def _writer(format: str) -> ModuleType:
 
 def _labels(model: keras.Model, labels: Sequence[str] | None) -> list[str] | None:
     """`labels` checked against the head, else the catalog's ImageNet-1k names for such a model, else None."""
-    if labels is not None:
-        return label_list(labels, model.num_classes if model.head is not None else None)
-    entry = model_entry(model)
-    if (
-        entry is not None
-        and entry.label_set == "imagenet1k"
-        and model.num_classes == LABEL_SETS["imagenet1k"]
-    ):
-        return list(imagenet1k_labels())
-    return None
+    return class_names(model, model.num_classes if model.head is not None else None, labels)
 
 
 def _report(report: str | os.PathLike | Mapping | None) -> dict | None:
@@ -148,7 +140,7 @@ def save_pretrained(
         format: `"timm"`, `"hf"` (transformers) or `"google_npz"`.
         labels: class names in head order, default the catalog's (ImageNet-1k names for a
             1000-class model built from a tag), else none (`LABEL_i` in the transformers config).
-        preprocessing: the model's `Preprocessing`, default `Preprocessing.for_model(model)`.
+        preprocessing: the model's `Preprocessing`, default `preprocessing_for(model)`.
         report: a training run's `report.json` (path or dict) for the model card.
         overwrite: replace an existing non-empty folder.
 
@@ -161,7 +153,7 @@ def save_pretrained(
     directory = Path(directory)
     _check_target(directory, overwrite)
     labels = _labels(model, labels)
-    preprocessing = preprocessing or Preprocessing.for_model(model)
+    preprocessing = preprocessing or preprocessing_for(model)
     run_report = _report(report)
 
     def fill(staging: Path) -> None:
@@ -219,42 +211,42 @@ def push_to_hub(
 
 def read_metadata(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> dict:
     """The `keras_vit.json` of a folder written by `save_pretrained`, or of a Hub repo `"hf-hub:org/name"`."""
-    return _resolve(source, cache_dir)[1]
+    _, metadata = read_shared(source, cache_dir=cache_dir)
+    if metadata is None:
+        raise FileNotFoundError(_not_shared(source))
+    return metadata
 
 
-def _resolve(source: str | os.PathLike, cache_dir) -> tuple[str, dict]:
-    """(weights path, metadata) of a shared folder or `hf-hub:` repo."""
+def _not_shared(source: str | os.PathLike) -> str:
     if isinstance(source, str) and source.startswith(HUB_PREFIX):
-        path, metadata = hub_repo_files(source[len(HUB_PREFIX) :], cache_dir=cache_dir)
-        if metadata is None:
-            raise FileNotFoundError(
-                f"{source} has no {METADATA_FILE}: it was not written by keras_vit. Load its weights into a "
-                f"model you build: keras_vit.create_model('<variant>', pretrained={source!r})."
-            )
-        return path, metadata
-    folder = Path(source).expanduser()
-    metadata_path = folder / METADATA_FILE
-    if not metadata_path.is_file():
-        raise FileNotFoundError(
-            f"{metadata_path} not found: pass a folder written by keras_vit.save_pretrained "
-            "(keras-vit convert --to)."
+        return (
+            f"{source} has no {METADATA_FILE}: it was not written by keras_vit. Load its weights into a "
+            f"model you build: keras_vit.create_model('<variant>', pretrained={source!r})."
         )
-    metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
-    return str(folder / metadata["weights"]), metadata
+    return (
+        f"{Path(source).expanduser() / METADATA_FILE} not found: pass a folder written by "
+        "keras_vit.save_pretrained (keras-vit convert --to)."
+    )
 
 
 def load_pretrained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> keras.Model:
     """The model a `save_pretrained` folder or a `push_to_hub` repo (`"hf-hub:org/name"`) holds, exactly.
 
-    Built from the recorded keras_vit config (architecture, numerics, pooling, head), then
-    loaded from the format's weights file.
+    Built from the recorded keras_vit config (architecture, numerics, pooling, head) and
+    loaded from the format's weights file, by the build-with-checkpoint step of
+    `create_model(..., pretrained=)` (`keras_vit.models.build_with_checkpoint`).
     """
-    from keras_vit.models import ViT
+    from keras_vit.models import build_with_checkpoint
 
-    path, metadata = _resolve(source, cache_dir)
-    model = ViT.from_config(metadata["model"])
-    load_checkpoint(model, path, format=metadata["format"])
-    return model
+    is_folder = not (isinstance(source, str) and source.startswith(HUB_PREFIX))
+    if is_folder and not (Path(source).expanduser() / METADATA_FILE).is_file():
+        raise FileNotFoundError(_not_shared(source))  # before reading: not a folder keras_vit wrote
+    checkpoint = resolve_pretrained(source, cache_dir=cache_dir)
+    if checkpoint.metadata is None:
+        raise FileNotFoundError(_not_shared(source))
+    recorded = {key: value for key, value in checkpoint.metadata["model"].items() if key != "trainable"}
+    config = ViTConfig.from_dict(recorded.pop("config"))
+    return build_with_checkpoint(config, checkpoint, recorded)
 
 
 def _how_to_load(format: str, repo: str, head: bool) -> str:

@@ -1,4 +1,4 @@
-"""The TensorFlow implementation of a `keras_vit.preprocessing.Preprocessing` spec.
+"""The TensorFlow implementation of a `keras_vit.catalog.Preprocessing` spec.
 
 `ImagePreprocessing` is a spec with its in-graph implementation: `resize` (resize + centre
 crop of a uint8 batch), `normalize`, and calling it does both. `keras_vit.data.eval_pipeline`
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.preprocessing import Preprocessing, normalize
+from keras_vit.catalog import Preprocessing, normalize
 
 __all__ = ["ImagePreprocessing", "decode_image"]
 

@@ -33,9 +33,10 @@ import tensorflow as tf
 
 from keras_vit import data, defaults, recipes, runs
 from keras_vit import validation as check
+from keras_vit.catalog import model_entry
 from keras_vit.defaults import BAD_IMAGE_ACTIONS, RECIPES, SCRATCH_DROP_PATH, TRAIN_EPOCHS
 from keras_vit.models import build_vit, create_model
-from keras_vit.pretrained import checkpoint_record, model_entry
+from keras_vit.pretrained import checkpoint_record
 from keras_vit.variants import VARIANTS, ViTConfig, model_config
 
 __all__ = [
@@ -119,7 +120,9 @@ def _build_model(
         from keras_vit.masked_patch import to_classifier
 
         classifier = to_classifier(pretrained, num_classes, **regularisation)
-        if image_size is not None and tuple(classifier.input_shape[1:3]) != data._size_pair(image_size):
+        if image_size is not None and tuple(classifier.input_shape[1:3]) != check.image_size(
+            "image_size", image_size
+        ):
             raise ValueError(
                 f"The pre-trained model takes {tuple(classifier.input_shape[1:3])} images, not {image_size}: "
                 "leave image_size unset, or pre-train at the size you fine-tune at."

@@ -138,13 +138,13 @@ def existing_file(name: str, path: str | os.PathLike) -> str:
 
 
 def image_size(name: str, value) -> tuple[int, int]:
-    """An int or a `(height, width)` pair of ints, each >= 1, as a pair."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != 2:
-            raise ValueError(f"{name} must be an int or a (height, width) pair, got {value!r}.")
-        return positive_int(f"{name} height", value[0]), positive_int(f"{name} width", value[1])
-    side = positive_int(name, value)
-    return side, side
+    """An int or a `(height, width)` pair of ints, each >= 1, as a pair: the one image-size check."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        side = positive_int(name, value)
+        return side, side
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)) or len(value) != 2:
+        raise ValueError(f"{name} must be an int or a (height, width) pair of ints, got {value!r}.")
+    return positive_int(f"{name} height", value[0]), positive_int(f"{name} width", value[1])
 
 
 def crop_scale(name: str, value) -> tuple[float, float]:

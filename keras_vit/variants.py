@@ -9,21 +9,25 @@ generated from the row (`keras_vit.models`), and a published checkpoint is one r
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from keras_vit import validation
 
 __all__ = [
     "NUMERICS",
     "POOLINGS",
     "VARIANTS",
     "Numerics",
+    "SHAPE_FIELDS",
     "WIDTHS",
     "ViTConfig",
+    "architecture",
     "config_of",
     "get_config",
     "list_models",
     "model_config",
+    "variant_for",
 ]
 
 POOLINGS = ("token", "gap", "map", None)
@@ -62,17 +66,8 @@ NUMERICS: dict[str, Numerics] = {
 
 
 def image_hw(image_size: int | Sequence[int]) -> tuple[int, int]:
-    """`(height, width)` of an int or a pair, with a clear error for anything else."""
-    message = f"image_size must be an int or a (height, width) pair of ints, got {image_size!r}."
-    sides = (image_size, image_size) if isinstance(image_size, numbers.Integral) else image_size
-    if isinstance(sides, (str, bytes)) or not isinstance(sides, Sequence) or len(sides) != 2:
-        raise ValueError(message)
-    if not all(isinstance(side, numbers.Integral) and not isinstance(side, bool) for side in sides):
-        raise ValueError(message)
-    height, width = (int(side) for side in sides)
-    if height < 1 or width < 1:
-        raise ValueError(f"image_size must be positive, got {image_size!r}.")
-    return height, width
+    """`(height, width)` of an int or a pair (`keras_vit.validation.image_size`), with a clear error."""
+    return validation.image_size("image_size", image_size)
 
 
 @dataclass(frozen=True)
@@ -271,6 +266,28 @@ def get_config(name: str) -> ViTConfig:
 def list_models() -> list[str]:
     """Names of every registered variant (each has a factory `keras_vit.<name>`), e.g. `['vit_b16', ...]`."""
     return sorted(VARIANTS)
+
+
+# The fields that make an architecture: a checkpoint fits a model when these agree.
+SHAPE_FIELDS = ("hidden_size", "depth", "num_heads", "mlp_dim", "patch_size", "resnet_stages")
+
+
+def architecture(source) -> dict[str, object]:
+    """The shape of a config's or checkpoint's Transformer (and hybrid ResNet): its `SHAPE_FIELDS`."""
+    return {field: getattr(source, field) for field in SHAPE_FIELDS}
+
+
+def variant_for(source, prefer: str | None = None) -> str | None:
+    """The registry variant with the architecture of `source` (a `ViTConfig`, a `CheckpointInfo`), or `None`.
+
+    `prefer` (e.g. the model's own variant name) is taken if it has that architecture; else the
+    one variant that has it (`None` if none does, or several do).
+    """
+    shape = architecture(source)
+    if prefer in VARIANTS and architecture(VARIANTS[prefer]) == shape:
+        return prefer
+    matches = [name for name, config in VARIANTS.items() if architecture(config) == shape]
+    return matches[0] if len(matches) == 1 else None
 
 
 def config_of(model) -> ViTConfig:

@@ -16,6 +16,7 @@ from PIL import Image
 
 import keras_vit
 from keras_vit import cli
+from keras_vit.catalog import class_names
 from keras_vit.environment import install_hint
 from keras_vit.export import (
     BYTES_SIGNATURE,
@@ -23,7 +24,6 @@ from keras_vit.export import (
     PREPROCESSED_SIGNATURE,
     WARMUP_FILE,
     ImagePreprocessing,
-    _class_names,
     _outputs_probabilities,
     decode_image,
     image_preprocessing,
@@ -386,13 +386,13 @@ def test_settings_come_from_the_catalog():
         assert image_preprocessing(model) == ImagePreprocessing(
             (32, 32), entry.mean, entry.std, crop_pct, entry.interpolation
         )
-        assert _class_names(model, None, 1000) == list(imagenet1k_labels())
-        assert _class_names(model, None, 10) is None  # a new head: the ImageNet names do not apply
+        assert class_names(model, 1000) == list(imagenet1k_labels())
+        assert class_names(model, 10) is None  # a new head: the ImageNet names do not apply
     plain = keras_vit.build_vit(CONFIG, image_size=32)
     assert image_preprocessing(plain, mean=(0.1, 0.2, 0.3)) == ImagePreprocessing(
         (32, 32), (0.1, 0.2, 0.3), (0.5, 0.5, 0.5), 0.9, "bicubic"
     )
-    assert _class_names(plain, None, 1000) is None
+    assert class_names(plain, 1000) is None
     assert _outputs_probabilities(plain)  # the factories' default head: softmax
     assert not _outputs_probabilities(keras_vit.build_vit(CONFIG, image_size=32, classifier_activation=None))
 

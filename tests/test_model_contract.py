@@ -177,11 +177,12 @@ def test_load_model_in_a_fresh_process(tmp_path):
 
 
 def _module_imports(path, package_dir):
-    """keras_vit modules a file imports at module level (`from keras_vit.x import y`: x, or x.y)."""
+    """keras_vit modules a file imports, at module level or inside a function (`from keras_vit.x import y`:
+    x, or x.y): a lazy import is a dependency all the same."""
     import ast
 
     modules = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("keras_vit"):
             for alias in node.names:
                 sub = package_dir.parent.joinpath(*f"{node.module}.{alias.name}".split("."))

@@ -139,7 +139,7 @@ def test_spec_checks_and_normalises_its_fields():
     assert Preprocessing(8, crop_pct=1.0).crop_pct is None  # 1.0 is no crop
     assert spec.replace(crop_pct=None).crop_pct is None and spec.crop_pct == 0.9
     bad = {
-        "image_size must be a positive int": dict(image_size=(224, 0)),
+        "image_size width must be an integer >= 1": dict(image_size=(224, 0)),
         "image_size must be": dict(image_size="224"),
         r"crop_pct must be in \(0, 1\]": dict(image_size=8, crop_pct=1.5),
         "interpolation must be one of": dict(image_size=8, interpolation="nearest"),

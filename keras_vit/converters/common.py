@@ -33,7 +33,13 @@ HEAD_KERNEL = "head/kernel"
 HEAD_BIAS = "head/bias"
 POOL = "pool/"  # prefix of the attention-pooling (MAP) head's weights
 BLOCK = "block_{index}/{suffix}"
-_BLOCK_NAME = re.compile(r"block_(\d+)/")
+_BLOCK_NAME = re.compile(r"block_(\d+)/")  # the inverse of `BLOCK`
+
+
+def block_count(names) -> int:
+    """How many Transformer blocks canonical names (`block_{index}/...`) fill: 1 + the highest index."""
+    return 1 + max((int(match.group(1)) for match in map(_BLOCK_NAME.match, names) if match), default=-1)
+
 
 # (target, transform(array, num_heads) -> array); a key may fill several targets (fused qkv).
 Transform = Callable[[np.ndarray, int | None], np.ndarray]
@@ -244,8 +250,7 @@ def invert_name_maps(
 
     for key, targets in top.items():
         add(key, targets, "")
-    depth = 1 + max((int(m.group(1)) for m in map(_BLOCK_NAME.match, tensors) if m), default=-1)
-    for index in range(depth):
+    for index in range(block_count(tensors)):
         for key, targets in block.items():
             add(block_key.format(index=index, key=key), targets, BLOCK.format(index=index, suffix=""))
     return arrays, used

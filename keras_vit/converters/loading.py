@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from keras_vit.converters.common import CanonicalTensor, Conversion
 from keras_vit.converters.errors import CheckpointError
 from keras_vit.converters.reading import as_weight, read_checkpoint, resolve_checkpoint_file
 from keras_vit.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
-from keras_vit.variants import NUMERICS, VARIANTS, WIDTHS, ViTConfig, config_of
+from keras_vit.variants import NUMERICS, WIDTHS, ViTConfig, config_of, image_hw, variant_for
 
 __all__ = [
     "DEFAULT_POS_EMBED_INTERPOLATION",
@@ -45,7 +45,6 @@ _FORMAT_KEYS = {
     "hf": "Hugging Face transformers ('[vit.]embeddings.patch_embeddings.projection.weight', "
     "'[vit.]encoder.layer.0...')",
 }
-_BLOCK_NAME = re.compile(r"block_(\d+)")
 # Each format's position-embedding resampling (`keras_vit.pos_embed.POS_EMBED_INTERPOLATIONS`):
 # the original code's scipy zoom for its own files, timm's bicubic for timm and transformers files.
 DEFAULT_POS_EMBED_INTERPOLATION = {"google_npz": "jax", "timm": "timm", "hf": "timm"}
@@ -157,7 +156,7 @@ def _config_grid(config: dict) -> tuple[int, int] | None:
     image, patch = config.get("image_size"), config.get("patch_size")
     if image is None or not isinstance(patch, int):
         return None
-    height, width = (image, image) if isinstance(image, int) else image
+    height, width = image_hw(image)
     return height // patch, width // patch
 
 
@@ -315,31 +314,14 @@ def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
             f"{checkpoint.label}: expected (P, P, C, D) and (1, tokens, D)."
         )
     hidden_size = int(kernel.shape[3])
-    depth = 1 + max(int(_BLOCK_NAME.match(name).group(1)) for name in tensors if _BLOCK_NAME.match(name))
+    depth = common.block_count(tensors)
     num_heads = int(checkpoint.stored_heads or _default_heads(hidden_size))
     mlp_dim = int(tensors["block_0/fc1/kernel"].value.shape[-1])
     patch_size = int(kernel.shape[0])
     head = tensors.get(common.HEAD_KERNEL)
     pre_logits = tensors.get(common.PRE_LOGITS_KERNEL)
     layout = _layout(conversion)
-    architecture = (patch_size, hidden_size, depth, num_heads, mlp_dim, checkpoint.resnet_stages)
-    variant = next(
-        (
-            name
-            for name, config in VARIANTS.items()
-            if (
-                config.patch_size,
-                config.hidden_size,
-                config.depth,
-                config.num_heads,
-                config.mlp_dim,
-                config.resnet_stages,
-            )
-            == architecture
-        ),
-        None,
-    )
-    return CheckpointInfo(
+    info = CheckpointInfo(
         format=checkpoint.format,
         hidden_size=hidden_size,
         depth=depth,
@@ -350,11 +332,12 @@ def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
         channels=int(kernel.shape[2]),
         num_classes=None if head is None else int(head.value.shape[-1]),
         representation_size=None if pre_logits is None else int(pre_logits.value.shape[-1]),
-        variant=variant,
+        variant=None,
         resnet_stages=checkpoint.resnet_stages,
         **layout,
         numerics=checkpoint.numerics,
     )
+    return dataclasses.replace(info, variant=variant_for(info))
 
 
 def inspect_checkpoint(

@@ -92,15 +92,3 @@ def stem_state(model: keras.Model, fmt: str) -> dict[str, np.ndarray]:
 def contiguous(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """float32, C-contiguous copies (what safetensors and `np.savez` write)."""
     return {key: np.ascontiguousarray(value, dtype=np.float32) for key, value in arrays.items()}
-
-
-def label_list(labels, num_classes: int | None) -> list[str] | None:
-    """`labels` as strings, checked against the head's class count."""
-    if labels is None:
-        return None
-    labels = [str(label) for label in labels]
-    if num_classes is None or len(labels) != num_classes:
-        raise ValueError(
-            f"labels has {len(labels)} names but the model's head has {num_classes or 'no'} classes."
-        )
-    return labels

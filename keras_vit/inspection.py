@@ -9,8 +9,8 @@ of a hybrid as a sub-model up to `patch_embed`, then `patch_embed`, `class_token
 and every `TransformerBlock` with `return_attention_scores=True`, which returns the softmax
 weights the block multiplies the values by). Inference mode throughout: dropout off.
 
-Reach it as `keras_vit.inspect` or `from keras_vit import inspect as vit_inspect`; it is left out
-of `keras_vit.__all__`, so `from keras_vit import *` never hides the standard library's `inspect`.
+Reach it as `keras_vit.inspection` (`keras_vit.inspect`, its name before, still works, with a
+deprecation warning: a module named `inspect` inside the package hid the standard library's).
 Pictures of each result: `keras_vit.plots`.
 """
 
