@@ -43,6 +43,10 @@ class Block:
     marker: tuple[str, str] | None  # (kind, reason) from the comment just above the fence
 
     @property
+    def runs(self) -> bool:
+        return self.language in RUN_LANGUAGES and not self.marker
+
+    @property
     def where(self) -> str:
         return f"{self.page.relative_to(REPO)}:{self.line}"
 
@@ -66,11 +70,7 @@ def code_blocks(page: Path) -> list[Block]:
 
 
 ALL_BLOCKS = [block for page in PAGES for block in code_blocks(page)]
-RUN_PAGES = [
-    page
-    for page in PAGES
-    if any(b.page == page and b.language in RUN_LANGUAGES and not b.marker for b in ALL_BLOCKS)
-]
+RUN_PAGES = [page for page in PAGES if any(block.page == page and block.runs for block in ALL_BLOCKS)]
 
 
 def test_every_block_is_run_or_says_why():
@@ -210,7 +210,7 @@ def test_page_code_runs(page, fake_hub, tmp_path):
     blocks = [
         (str(b.page.relative_to(REPO)), b.line, b.language, b.source)
         for b in ALL_BLOCKS
-        if b.page == page and b.language in RUN_LANGUAGES and not b.marker
+        if b.page == page and b.runs
     ]
     work = tmp_path / "work"
     work.mkdir()
