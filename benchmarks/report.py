@@ -1,10 +1,10 @@
 """Render the performance tables (markdown) from a `run.py` results file.
 
     python benchmarks/report.py benchmarks/results/<machine>.json            # print the tables
-    python benchmarks/report.py benchmarks/results/<machine>.json --readme   # and put them in docs/performance.md
+    python benchmarks/report.py benchmarks/results/<machine>.json --readme   # into docs/performance.md
 
 With `--readme [PATH]` the text between the lines `<!-- perf-table:start -->` and
-`<!-- perf-table:end -->` of the performance page (docs/performance.md) is replaced; the markers must be there, once each.
+`<!-- perf-table:end -->` of docs/performance.md is replaced; the markers must be there, once each.
 Every figure is a median over the run's kept rounds; ratios are medians of per-round ratios.
 """
 
