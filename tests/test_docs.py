@@ -204,6 +204,7 @@ def fake_hub(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # 10-80 s a page: TensorFlow in a fresh process, models built, small fits
 @pytest.mark.parametrize("page", RUN_PAGES, ids=lambda page: str(page.relative_to(REPO)))
 def test_page_code_runs(page, fake_hub, tmp_path):
     """The page's unmarked python and bash blocks run as written, in order, offline."""
