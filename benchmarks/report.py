@@ -1,10 +1,10 @@
 """Render the performance tables (markdown) from a `run.py` results file.
 
     python benchmarks/report.py benchmarks/results/<machine>.json            # print the tables
-    python benchmarks/report.py benchmarks/results/<machine>.json --readme   # and put them in README.md
+    python benchmarks/report.py benchmarks/results/<machine>.json --readme   # into docs/performance.md
 
 With `--readme [PATH]` the text between the lines `<!-- perf-table:start -->` and
-`<!-- perf-table:end -->` of the README is replaced; the markers must be there, once each.
+`<!-- perf-table:end -->` of docs/performance.md is replaced; the markers must be there, once each.
 Every figure is a median over the run's kept rounds; ratios are medians of per-round ratios.
 """
 
@@ -18,7 +18,7 @@ import sys
 from cases import CASES, COMPETITORS, MODEL_PEERS
 
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
 KERAS_VIT_FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch")  # TensorFlow, JAX, PyTorch
 BACKENDS_NOTE = (
     "keras_vit and keras_vit XLA run on Keras's TensorFlow backend (graph, XLA); keras_vit JAX on "
