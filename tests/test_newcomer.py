@@ -96,8 +96,8 @@ def test_relative_image_folder_without_dot_is_read(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train, test = training.load_dataset("pets")
     assert (train.num_examples, test.num_examples, train.class_names) == (8, 8, ("cat", "dog"))
-    source, is_digits = pretrain._train_source("pets", "train", None)
-    assert source.num_examples == 8 and not is_digits
+    source = pretrain._train_source("pets", "train", None)
+    assert source.num_examples == 8 and source.flip  # photos' augmentation, not the digits'
 
 
 # ---------------------------------------------------------------- 2. install advice that works
