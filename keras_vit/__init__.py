@@ -67,6 +67,8 @@ _SUBMODULES = (
     "defaults",
     "evaluate",
     "inspect",
+    "optimization",
+    "options",
     "pretrain",
     "recipes",
     "sharing",

@@ -104,7 +104,7 @@ def _on_off_auto(text: str) -> bool | str:
     """`--jit-compile on|off|auto` as True, False or "auto"."""
     values = {"on": True, "off": False, "auto": "auto"}
     if text not in values:
-        raise ValueError(text)
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
     return values[text]
 
 
@@ -124,7 +124,13 @@ def checkpoint_flag(text: str) -> bool | str:
 
 
 def _int_or_auto(text: str) -> int | str:
-    return text if text == "auto" else int(text)
+    """`--verbose`: "auto" or an int (its choices are checked by argparse)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
 
 
 def _positive_int_or_auto(name: str, value) -> int | str:
@@ -370,10 +376,11 @@ def takes_options(
     """Give `function(..., options)` the run options as keyword arguments, with their defaults and help.
 
     The decorated function takes its own parameters plus every field of `options_class` as a
-    keyword; they are gathered into one `options_class` passed as `options`. Its signature and
-    docstring list the options, generated from their declarations (help values from `recipe`,
-    the function's default recipe); `defaults_here` changes a default for this function (e.g.
-    `pretrained=True` for `finetune`).
+    keyword; they are gathered into one `options_class` passed as `options`. A caller may pass
+    a whole `options=` object instead (keywords given beside it replace its fields). The
+    signature and docstring list the options, generated from their declarations (help values
+    from `recipe`, the function's default recipe); `defaults_here` changes a default for this
+    function (e.g. `pretrained=True` for `finetune`).
     """
     fields = option_fields(options_class)
     names = {field.name for field, _ in fields}
@@ -382,6 +389,12 @@ def takes_options(
     def decorate(function: Callable) -> Callable:
         own = inspect.signature(function)
         kept = [parameter for name, parameter in own.parameters.items() if name != "options"]
+        whole = inspect.Parameter(
+            "options",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=f"{options_class.__name__} | None",
+        )
         generated = [
             inspect.Parameter(
                 field.name,
@@ -393,11 +406,20 @@ def takes_options(
         ]
 
         @functools.wraps(function)
-        def with_options(*args, **kwargs):
+        def with_options(*args, options: RunOptions | None = None, **kwargs):
             given = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
-            return function(*args, options=options_class(**{**defaults_here, **given}), **kwargs)
+            if options is None:
+                options = options_class(**{**defaults_here, **given})
+            elif not isinstance(options, options_class):
+                raise TypeError(
+                    f"{function.__name__}(options=...) takes a {options_class.__name__}, "
+                    f"got {type(options).__name__}."
+                )
+            elif given:  # keywords change the options object given
+                options = dataclasses.replace(options, **given)
+            return function(*args, options=options, **kwargs)
 
-        with_options.__signature__ = own.replace(parameters=[*kept, *generated])
+        with_options.__signature__ = own.replace(parameters=[*kept, *generated, whole])
         lines = [
             "",
             "",
