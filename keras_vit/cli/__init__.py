@@ -22,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "needs_backend", True):
             load_backend(args.debug)
         return args.run(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("keras-vit: interrupted", file=sys.stderr)
+        return 130  # as a shell reports a process stopped by Ctrl-C (SIGINT)
     except Exception as error:
         if args.debug:
             raise

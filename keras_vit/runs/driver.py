@@ -35,8 +35,8 @@ from keras_vit.preprocessing import write_labels
 from keras_vit.recipes import Recipe
 from keras_vit.runs.backup import EpochBackup, remove_backup, write_json
 from keras_vit.runs.plan import execution_steps, plan_steps
-from keras_vit.runs.report import now, optimizer_summary, resolve_paths
-from keras_vit.runs.strategy import devices, is_chief, start_run, strategy_name, worker_dir
+from keras_vit.runs.report import now, resolve_paths, run_report
+from keras_vit.runs.strategy import describe_distribution, is_chief, start_run, worker_dir
 
 __all__ = [
     "NonFiniteLossError",
@@ -85,6 +85,7 @@ class Task(Protocol):
     logs), `saved_model(network)` (what the chief saves as `output_dir/<saved_file>`) and
     `describe(network)`: the values the run used, for the report (`recipe`, `checkpoint`,
     `hyperparameters`, `data`; `class_names`, when known, are also written to `labels.txt`).
+    `sources()`: the `keras_vit.data.Source`s read so far, to name files that fail to decode.
     """
 
     recipe: Recipe  # its default length (`recipe.epochs`), optimizer and schedule
@@ -105,6 +106,8 @@ class Task(Protocol):
     def saved_model(self, network: keras.Model) -> keras.Model: ...
 
     def describe(self, network: keras.Model) -> dict: ...
+
+    def sources(self) -> list[data.Source]: ...
 
 
 @dataclass
@@ -183,56 +186,28 @@ def fit_task(
     fit_seconds = time.perf_counter() - started
     # fit() ends by copying the EMA averages (if enabled) into the model: they are evaluated and saved.
     metrics = task.finish(network, backup.history)
-    steps_this_run = (fit_epochs - start_epoch) * steps_per_epoch
     saved = task.saved_model(network)
-    height, width = saved.input_shape[1:3]
-    resolved = task.describe(network) if hasattr(task, "describe") else {}
-    train_examples = resolved.get("data", {}).get("train_examples")
-    hyperparameters = {
-        **resolved.pop("hyperparameters", {}),
-        "batch_size": batch_size,
-        "steps": total_steps,
-        "epochs": fit_epochs,
-        "steps_per_epoch": steps_per_epoch,
-        "passes_over_data": round(total_steps * batch_size / train_examples, 3) if train_examples else None,
-        "precision": precision,
-        "jit_compile": bool(jit_compile),
-        "steps_per_execution": steps_per_execution,
-        "seed": seed,
-        "optimizer": optimizer_summary(network.optimizer),
-    }
-    config = getattr(saved, "config", None)
-    report = {
-        **metrics,
-        "steps": int(keras.ops.convert_to_numpy(network.optimizer.iterations)),
-        "planned_steps": total_steps,
-        "steps_per_epoch": steps_per_epoch,
-        "epochs": fit_epochs,
-        "resumed_from_epoch": start_epoch,
-        "steps_this_run": steps_this_run,
-        "seconds": round(time.perf_counter() - started, 3),
-        "fit_seconds": round(fit_seconds, 3),
-        "images_per_second": round(steps_this_run * batch_size / fit_seconds, 1) if steps_this_run else None,
-        "history": backup.history,
-        "final_training_metrics": {key: values[-1] for key, values in backup.history.items() if values},
-        "model": saved.name,
-        "model_config": config.to_dict() if hasattr(config, "to_dict") else None,
-        "parameters": int(saved.count_params()),
-        "image_size": [int(height), int(width)],
-        **resolved,
-        "hyperparameters": hyperparameters,
-        "strategy": strategy_name(strategy),
-        "replicas": int(strategy.num_replicas_in_sync),
-        "devices": devices(strategy),
-        "jit_compile": bool(jit_compile),
-        "precision": precision,
-        "versions": environment.versions(),
-        "machine": environment.machine(),
-        "started_at": started_at,
-        "finished_at": None,
-        "wall_seconds": None,  # strategy, data, build, fit, evaluation and saving
-        "arguments": arguments,
-    }
+    resolved = task.describe(network)
+    report = run_report(
+        network=network,
+        saved=saved,
+        metrics=metrics,
+        resolved=resolved,
+        history=backup.history,
+        steps_per_epoch=steps_per_epoch,
+        epochs=fit_epochs,
+        start_epoch=start_epoch,
+        steps_per_execution=steps_per_execution,
+        jit_compile=jit_compile,
+        batch_size=batch_size,
+        precision=precision,
+        seed=seed,
+        distribution=describe_distribution(strategy),
+        fit_seconds=fit_seconds,
+        seconds=time.perf_counter() - started,
+        started_at=started_at,
+        arguments=arguments,
+    )
     class_names = resolved.get("class_names")
     if class_names:
         report["labels_file"] = LABELS_FILE

@@ -1,7 +1,10 @@
 """What report.json says about a run: arguments named the same way in every process, resolved paths.
 
-`describe` turns an argument into a JSON value (the exact-resume check compares them),
-`resolve_paths` spells paths one way, `optimizer_summary` records the optimizer as used.
+`run_report` assembles the report of a finished run from what the driver measured and what
+the task and the distribution describe; `describe` turns an argument into a JSON value (the
+exact-resume check compares them), `resolve_paths` spells paths one way, `optimizer_summary`
+records the optimizer as used. Backend-neutral: a distribution describes itself (a
+`keras_vit.runs.strategy.describe_distribution` record).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import os
 import keras
 import numpy as np
 
-__all__ = ["describe", "json_safe", "now", "optimizer_summary", "resolve_paths"]
+from keras_vit import environment
+
+__all__ = ["describe", "json_safe", "now", "optimizer_summary", "resolve_paths", "run_report"]
 
 
 def describe(value):
@@ -64,3 +69,80 @@ def optimizer_summary(optimizer: keras.optimizers.Optimizer) -> dict:
 def now() -> str:
     """The time now, UTC, to the second (report.json's `started_at`, `finished_at`)."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_report(
+    *,
+    network: keras.Model,
+    saved: keras.Model,
+    metrics: dict,
+    resolved: dict,
+    history: dict[str, list[float]],
+    steps_per_epoch: int,
+    epochs: int,
+    start_epoch: int,
+    steps_per_execution: int,
+    jit_compile: bool,
+    batch_size: int,
+    precision: str,
+    seed: int,
+    distribution: dict,
+    fit_seconds: float,
+    seconds: float,
+    started_at: str,
+    arguments: dict,
+) -> dict:
+    """report.json of a finished run (before its end time and wall time are known).
+
+    `metrics` are the task's (`Task.finish`), `resolved` what the task used (`Task.describe`:
+    recipe, checkpoint, data, hyper-parameters), `distribution` how the run was spread over
+    devices; the rest is the driver's plan and timings.
+    """
+    total_steps = steps_per_epoch * epochs
+    steps_this_run = (epochs - start_epoch) * steps_per_epoch
+    resolved = dict(resolved)
+    train_examples = resolved.get("data", {}).get("train_examples")
+    hyperparameters = {
+        **resolved.pop("hyperparameters", {}),
+        "batch_size": batch_size,
+        "steps": total_steps,
+        "epochs": epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "passes_over_data": round(total_steps * batch_size / train_examples, 3) if train_examples else None,
+        "precision": precision,
+        "jit_compile": bool(jit_compile),
+        "steps_per_execution": steps_per_execution,
+        "seed": seed,
+        "optimizer": optimizer_summary(network.optimizer),
+    }
+    height, width = saved.input_shape[1:3]
+    config = getattr(saved, "config", None)
+    return {
+        **metrics,
+        "steps": int(keras.ops.convert_to_numpy(network.optimizer.iterations)),
+        "planned_steps": total_steps,
+        "steps_per_epoch": steps_per_epoch,
+        "epochs": epochs,
+        "resumed_from_epoch": start_epoch,
+        "steps_this_run": steps_this_run,
+        "seconds": round(seconds, 3),
+        "fit_seconds": round(fit_seconds, 3),
+        "images_per_second": round(steps_this_run * batch_size / fit_seconds, 1) if steps_this_run else None,
+        "history": history,
+        "final_training_metrics": {key: values[-1] for key, values in history.items() if values},
+        "model": saved.name,
+        "model_config": config.to_dict() if hasattr(config, "to_dict") else None,
+        "parameters": int(saved.count_params()),
+        "image_size": [int(height), int(width)],
+        **resolved,
+        "hyperparameters": hyperparameters,
+        **distribution,
+        "jit_compile": bool(jit_compile),
+        "precision": precision,
+        "versions": environment.versions(),
+        "machine": environment.machine(),
+        "started_at": started_at,
+        "finished_at": None,
+        "wall_seconds": None,  # strategy, data, build, fit, evaluation and saving
+        "arguments": arguments,
+    }

@@ -15,7 +15,7 @@ import tensorflow as tf
 from keras_vit.defaults import PRECISIONS
 from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
 
-__all__ = ["devices", "is_chief", "start_run", "strategy_name", "worker_dir"]
+__all__ = ["describe_distribution", "devices", "is_chief", "start_run", "strategy_name", "worker_dir"]
 
 
 def start_run(
@@ -62,3 +62,12 @@ def devices(strategy: tf.distribute.Strategy) -> list[str]:
     except RuntimeError:  # the default strategy has no device list: the first GPU, else the CPU
         logical = tf.config.list_logical_devices("GPU")[:1] or tf.config.list_logical_devices("CPU")[:1]
         return [device.name for device in logical]
+
+
+def describe_distribution(strategy: tf.distribute.Strategy) -> dict:
+    """How the run was distributed, for report.json: the strategy, its replicas and their devices."""
+    return {
+        "strategy": strategy_name(strategy),
+        "replicas": int(strategy.num_replicas_in_sync),
+        "devices": devices(strategy),
+    }
