@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import data, defaults, runs
-from keras_vit.defaults import BAD_IMAGE_ACTIONS
+from keras_vit.datasets import load_unlabeled
 from keras_vit.masked_patch import (
     MaskedPatchPredictor,
     PatchCorruption,
@@ -52,33 +52,6 @@ class PretrainingResult:
 
     model: MaskedPatchPredictor
     report: dict
-
-
-def _train_source(
-    dataset, train_split: str, data_dir: str | os.PathLike | None, on_bad_image: str = BAD_IMAGE_ACTIONS[0]
-) -> data.Source:
-    """The unlabeled training images as a `data.Source`."""
-    if isinstance(dataset, data.Source):
-        return dataset
-    if isinstance(dataset, np.ndarray):
-        return data.from_arrays(dataset, np.zeros(len(dataset), "int32"), num_classes=1)
-    if isinstance(dataset, str) and dataset == defaults.DATASET:
-        return data.load_digits()[0]  # the train split only: the test split stays unseen
-    path = os.path.expanduser(os.fspath(dataset))
-    if not data.is_folder_name(dataset):  # a tfds name, e.g. imagenette/320px or mnist:3.0.1
-        return data.from_tfds(path, train_split, data_dir=data_dir)
-    if os.path.isdir(path):
-        if os.path.isdir(os.path.join(path, "train")):
-            path = os.path.join(path, "train")
-        try:
-            return data.from_directory(path, on_bad_image=on_bad_image)
-        except ValueError as error:
-            raise ValueError(
-                f"{error} For unlabeled images any grouping will do: e.g. put them all in {path}/images/."
-            ) from None
-    if os.path.exists(path):
-        raise ValueError(f"Dataset {path!r} is a file: pass an image folder, 'digits' or a tfds name.")
-    raise FileNotFoundError(f"Dataset folder {path!r} does not exist.")
 
 
 @takes_options(MaskedPatchOptions, MASKED_PATCH_PREDICTION, "backbone.keras")
@@ -141,7 +114,9 @@ class MaskedPatchTask:
 
     def prepare(self, batch_size: int) -> int:
         options = self.options
-        self.source = _train_source(self.dataset, options.train_split, options.data_dir, options.on_bad_image)
+        self.source = load_unlabeled(
+            self.dataset, options.train_split, options.data_dir, options.on_bad_image
+        )
         return data.epoch_steps(self.source, batch_size)
 
     def sources(self) -> list[data.Source]:

@@ -32,7 +32,7 @@ import keras
 import tensorflow as tf
 
 from keras_vit import data, defaults, optimization, runs
-from keras_vit.defaults import BAD_IMAGE_ACTIONS
+from keras_vit.datasets import load_dataset
 from keras_vit.models import build_vit, create_model
 from keras_vit.options import ClassifierOptions, takes_options
 from keras_vit.pretrained import checkpoint_record, model_entry
@@ -54,54 +54,6 @@ class TrainingResult:
 
     model: keras.Model
     report: dict
-
-
-def load_dataset(
-    dataset: str | os.PathLike,
-    *,
-    train_split: str = "train",
-    test_split: str = "test",
-    data_dir: str | os.PathLike | None = None,
-    on_bad_image: str = BAD_IMAGE_ACTIONS[0],
-) -> tuple[data.Source, data.Source]:
-    """`(train, held-out)` sources for `dataset`: `"digits"`, an image folder, or a tfds name.
-
-    An image folder must hold `train/` and `test/` (or `val/`, `validation/`) sub-folders,
-    each with one sub-folder per class. A tensorflow-datasets name (with a config or version
-    if needed: `imagenette/320px`, `mnist:3.0.1`) reads `train_split` and `test_split` from
-    `data_dir`; it must be prepared already (nothing is downloaded). A string is a folder if
-    it exists or starts with `.`, `/` or `~` (`keras_vit.data.is_folder_name`). A folder's
-    unreadable image files stop the run with their names, or are skipped with
-    `on_bad_image="skip"` (`keras_vit.data.from_directory`).
-    """
-    if isinstance(dataset, str) and dataset == "digits":
-        return data.load_digits()
-    path = os.path.expanduser(os.fspath(dataset))
-    if not data.is_folder_name(dataset):
-        return (
-            data.from_tfds(path, train_split, data_dir=data_dir),
-            data.from_tfds(path, test_split, data_dir=data_dir),
-        )
-    if os.path.isdir(path):
-        held_out = next(
-            (name for name in ("test", "val", "validation") if os.path.isdir(os.path.join(path, name))), None
-        )
-        if not os.path.isdir(os.path.join(path, "train")) or held_out is None:
-            raise ValueError(
-                f"Image folder {path!r} needs a train/ and a test/ (or val/) sub-folder, each with one "
-                "folder per class, e.g. train/cat/1.jpg and test/cat/7.jpg."
-            )
-        train_source = data.from_directory(os.path.join(path, "train"), on_bad_image=on_bad_image)
-        test_source = data.from_directory(os.path.join(path, held_out), on_bad_image=on_bad_image)
-        if train_source.class_names != test_source.class_names:
-            raise ValueError(
-                f"{path}: train/ and {held_out}/ have different class folders "
-                f"({train_source.class_names} vs {test_source.class_names})."
-            )
-        return train_source, test_source
-    if os.path.exists(path):
-        raise ValueError(f"Dataset {path!r} is a file: pass an image folder, 'digits' or a tfds name.")
-    raise FileNotFoundError(f"Dataset folder {path!r} does not exist.")
 
 
 def _build_model(
