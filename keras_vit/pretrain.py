@@ -2,10 +2,10 @@
 
 `pretrain(...)` (`keras-vit pretrain`) trains a `keras_vit.masked_patch.MaskedPatchPredictor`
 with the paper's recipe (`keras_vit.recipes.MASKED_PATCH_PREDICTION`: Adam, warm-up then
-cosine decay) through the package's one
-training driver (`keras_vit.runs.fit_task`): any tf.distribute strategy, XLA, exact resume,
-reports. The task's model, targets and loss live in `keras_vit.masked_patch` (no TensorFlow);
-their names are re-exported here.
+cosine decay) through the package's one training driver (`keras_vit.runs.fit_task`): any
+tf.distribute strategy, XLA, exact resume, reports. Its keyword arguments are the run options
+of `keras_vit.options.MaskedPatchOptions`. The task's model, targets and loss live in
+`keras_vit.masked_patch` (no TensorFlow); their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def pretrain(
 
     The paper's setting (App. B.1.2, `keras_vit.recipes.MASKED_PATCH_PREDICTION`): Adam (β1
     0.9, β2 0.999; `weight_decay` > 0 makes it AdamW on kernels), gradients clipped at global
-    norm 1, peak `learning_rate` 2e-4 after a linear warm-up (default 10% of the steps, at most
-    10k), cosine decay to 0.
+    norm 1, the peak `learning_rate` after a linear warm-up, cosine decay to 0 (the recipe's
+    values are the defaults listed below).
 
     Args:
         model: a registry name (`keras_vit.list_models()`), or a `ViTConfig` (random initialisation).
@@ -89,11 +89,7 @@ def pretrain(
         Running again with the same arguments resumes.
     """
     options.check()
-    arguments = {
-        "model": runs.describe(model),
-        "dataset": runs.describe(dataset),
-        **{key: runs.describe(value) for key, value in options.arguments().items()},
-    }
+    arguments = runs.run_arguments(options, model=model, dataset=dataset)
     task = MaskedPatchTask(model_config(model), dataset, options)
     result = runs.fit_checked(task, arguments, options, callbacks)
     return PretrainingResult(result.model, result.report)

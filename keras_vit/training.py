@@ -1,11 +1,13 @@
 """The training driver behind `keras-vit train` / `keras-vit finetune`: `model.fit` under tf.distribute.
 
 `train(...)` builds the model, optimizer and metrics inside `strategy.scope()`, compiles with
-a recipe of `keras_vit.recipes` (pre-training: AdamW + warm-up + cosine; fine-tuning: SGD
-momentum + warm-up + cosine, from a pretrained checkpoint with a new zero-initialised head),
-fits with a progress bar and TensorBoard logs, evaluates on the held-out split, saves
-`model.keras` and writes `report.json` in `output_dir`. `finetune(...)` is `train` with the
-fine-tuning recipe.
+a recipe of `keras_vit.recipes` (`FROM_SCRATCH`: AdamW + warm-up + cosine, stochastic depth,
+mixup; `FINE_TUNING`: SGD momentum + warm-up + cosine, from a pretrained checkpoint with a new
+zero-initialised head), fits with a progress bar and TensorBoard logs, evaluates on the held-out
+split, saves `model.keras` and writes `report.json` in `output_dir`. `finetune(...)` is `train`
+with the fine-tuning recipe. Their keyword arguments are the run options of
+`keras_vit.options.ClassifierOptions` (declared there once, with the `keras-vit` flags); the
+run itself is the shared driver's (`keras_vit.runs.fit_task`).
 
 Exact resume. Training runs in short epochs of `steps_per_epoch` batches. After each epoch
 `EpochBackup` writes the complete training state (model and optimizer variables, EMA
@@ -133,12 +135,7 @@ def train(
     recipe = get_recipe(recipe)
     options.check()
     recipe.check_weight_decay(options.weight_decay)
-    arguments = {
-        "model": runs.describe(model),
-        "dataset": runs.describe(dataset),
-        "recipe": recipe.name,
-        **{key: runs.describe(value) for key, value in options.arguments().items()},
-    }
+    arguments = runs.run_arguments(options, model=model, dataset=dataset, recipe=recipe.name)
     task = ClassificationTask(model_config(model), dataset, recipe, options)
     result = runs.fit_checked(task, arguments, options, callbacks)
     return TrainingResult(result.model, result.report)

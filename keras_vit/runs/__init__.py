@@ -27,7 +27,7 @@ from keras_vit.runs.driver import (
     verbosity,
 )
 from keras_vit.runs.plan import MAX_STEPS_PER_EPOCH, execution_steps, plan_steps
-from keras_vit.runs.report import describe, json_safe, optimizer_summary, resolve_paths
+from keras_vit.runs.report import describe, json_safe, optimizer_summary, resolve_paths, run_arguments
 from keras_vit.runs.strategy import start_run, strategy_name, worker_dir
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "plan_steps",
     "remove_backup",
     "resolve_paths",
+    "run_arguments",
     "start_run",
     "strategy_name",
     "tensorboard_callbacks",

@@ -19,7 +19,15 @@ import numpy as np
 
 from keras_vit import environment
 
-__all__ = ["describe", "json_safe", "now", "optimizer_summary", "resolve_paths", "run_report"]
+__all__ = [
+    "describe",
+    "json_safe",
+    "now",
+    "optimizer_summary",
+    "resolve_paths",
+    "run_arguments",
+    "run_report",
+]
 
 
 def describe(value):
@@ -36,6 +44,12 @@ def describe(value):
     if isinstance(value, keras.Model):
         return f"Model({value.name}, {value.count_params()} parameters)"
     return repr(value)
+
+
+def run_arguments(options, **given) -> dict:
+    """A run's arguments as report.json records them (`describe`d): `given` (the model, the
+    dataset, ...) and every run option, `None` where a default applies."""
+    return {key: describe(value) for key, value in {**given, **options.arguments()}.items()}
 
 
 # Arguments that may name a file or folder: a backup compares them resolved (`./runs/x` is `runs/x`).
