@@ -11,6 +11,7 @@ import sys
 
 from keras_vit.cli.parser import build_parser
 from keras_vit.cli.startup import error_message, load_backend
+from keras_vit.environment import enable_onednn
 
 __all__ = ["build_parser", "main"]
 
@@ -18,6 +19,7 @@ __all__ = ["build_parser", "main"]
 def main(argv: list[str] | None = None) -> int:
     """Run `keras-vit ARGV`; return the exit status (a failure: one `keras-vit: error:` line, 1)."""
     args = build_parser().parse_args(argv)
+    enable_onednn()  # before TensorFlow is imported, by this command or later in the process
     try:
         if getattr(args, "needs_backend", True):
             load_backend(args.debug)

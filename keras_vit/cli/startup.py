@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from keras_vit.environment import enable_onednn, keras_backend
+from keras_vit.environment import keras_backend
 
 __all__ = ["error_message", "load_backend", "op_error_message", "quiet_logging"]
 
@@ -64,7 +64,6 @@ def _import_tensorflow_quietly() -> None:
 
 def load_backend(debug: bool) -> str:
     """Import Keras and its backend, that backend first (see the module docstring); return its name."""
-    enable_onednn()  # before TensorFlow is imported: fused CPU kernels (keras_vit.environment)
     if not debug:
         quiet_logging()
     backend = keras_backend()
