@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,13 +43,14 @@ def _keras_vit(argv: list[str], backend: str, cwd: Path) -> subprocess.Completed
     )
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["inspect", "--help"], ["train", "--help"], ["models"]],
     ids=" ".join,
 )
-def test_help_and_listings_import_no_backend(argv, tmp_path):
-    done = _keras_vit(argv, "torch", tmp_path)
+def test_help_and_listings_import_no_backend(argv, backend, tmp_path):
+    done = _keras_vit(argv, backend, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "tensorflow imported: False" in done.stdout
     assert ("vit_b16" if argv == ["models"] else "usage: keras-vit") in done.stdout
@@ -74,3 +76,23 @@ def test_commands_on_other_backends_stop_with_one_line_and_no_tensorflow(argv, m
     assert "Traceback" not in done.stderr
     assert "tensorflow imported: False" in done.stdout
     assert os.listdir(tmp_path) == []  # nothing written
+
+
+def test_predict_and_inspect_work_under_torch(tmp_path):
+    """The backend table's promise: predict and inspect run on PyTorch (random weights: offline)."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (48, 48, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "photo.png")
+    predicted = _keras_vit(
+        ["predict", "photo.png", "--model", "vit_ti16", "--weights", "false"], "torch", tmp_path
+    )
+    assert predicted.returncode == 0, predicted.stderr[-2000:]
+    assert len([line for line in predicted.stdout.splitlines() if line.startswith("  ")]) == 5
+    argv = ["inspect", "photo.png", "--model", "vit_ti16", "--weights", "random", "--out", "pictures"]
+    inspected = _keras_vit(argv, "torch", tmp_path)
+    assert inspected.returncode == 0, inspected.stderr[-2000:]
+    assert (
+        "tensorflow imported: False" in predicted.stdout and "tensorflow imported: False" in inspected.stdout
+    )
+    assert "attention_rollout.png" in os.listdir(tmp_path / "pictures")
