@@ -69,6 +69,8 @@ _SUBMODULES = (
     "defaults",
     "evaluate",
     "inspection",
+    "optimization",
+    "options",
     "pretrain",
     "recipes",
     "sharing",

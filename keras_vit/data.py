@@ -26,6 +26,7 @@ pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -73,7 +74,7 @@ class DataNotPreparedError(FileNotFoundError):
     """A tensorflow-datasets dataset is not prepared on disk (and is never downloaded here)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Source:
     """A labelled image set: its examples, size, classes and how to read it.
 
@@ -81,6 +82,10 @@ class Source:
     training pass is an exact permutation. Sequential sources (tensorflow-datasets) hold
     `records()` (raw records in stored order) and `decode(record) -> (image, label)`; a
     training pass shuffles them within windows of `shuffle_buffer` records.
+
+    `crop_scale` and `flip` are the augmentation that suits these images, used by
+    `train_pipeline` (and the training driver) unless the run gives its own: inception crops of
+    8-100% of the area with flips for photos, gentler crops without flips for the digits.
     """
 
     num_examples: int
@@ -92,6 +97,18 @@ class Source:
     decode: Callable | None = None
     class_counts: tuple[int, ...] | None = None  # examples per class, where known
     files: tuple[str, ...] | None = None  # the image files of a folder source, in example order
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    flip: bool = True
+
+    def augmentation(self, crop_scale: Sequence[float] | None = None, flip: bool | None = None) -> dict:
+        """`train_pipeline`'s `crop_scale` and `flip`: as given, else this source's own."""
+        return {
+            "crop_scale": tuple(self.crop_scale if crop_scale is None else crop_scale),
+            "flip": self.flip if flip is None else flip,
+        }
+
+    def __repr__(self) -> str:  # the same in every process (not the functions' addresses): reports compare it
+        return f"Source({self.num_examples} examples, {self.num_classes} classes)"
 
     def missing_classes(self) -> list[str]:
         """The classes with no example (by name where known), or `[]` if unknown or none."""
@@ -232,9 +249,8 @@ def from_directory(
     as Pillow decodes them (`keras_vit.tf_preprocessing.decode_image`).
 
     Every file is checked first, cheaply (Pillow reads its header and checks its structure,
-    `_image_problem`: ~0.05 ms per file read from the page cache, about a minute for
-    ImageNet's 1.28M): a file that is no image, is damaged or truncated, or has more than
-    `max_pixels` pixels (`None`: no limit) is bad.
+    `_image_problem`; the cost is measured in the docs): a file that is no image, is damaged
+    or truncated, or has more than `max_pixels` pixels (`None`: no limit) is bad.
     `on_bad_image="stop"` (default) raises `BadImageError` naming the bad files;
     `"skip"` leaves them out with one warning that counts them.
     """
@@ -403,9 +419,11 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Sour
         members = rng.permutation(np.flatnonzero(labels == label))
         test[members[: round(test_fraction * len(members))]] = True
     names = tuple(str(label) for label in range(10))
+    # 8x8 strokes: a crop must keep most of the digit, and a flipped digit is another symbol.
+    gentle = dict(crop_scale=(0.7, 1.0), flip=False)
     return (
-        from_arrays(images[~test], labels[~test], class_names=names),
-        from_arrays(images[test], labels[test], class_names=names),
+        dataclasses.replace(from_arrays(images[~test], labels[~test], class_names=names), **gentle),
+        dataclasses.replace(from_arrays(images[test], labels[test], class_names=names), **gentle),
     )
 
 
@@ -506,18 +524,19 @@ def train_pipeline(
     steps_per_epoch: int | None = None,
     shuffle_buffer: int = 10_000,
     augment: bool = True,
-    crop_scale: tuple[float, float] = (0.08, 1.0),
+    crop_scale: tuple[float, float] | None = None,
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
-    flip: bool = True,
+    flip: bool | None = None,
     interpolation: str = "bilinear",
     mixup_alpha: float = 0.0,
 ) -> tf.data.Dataset:
     """Endless training batches `(float32 (B, H, W, 3), int32 (B,))`, resumable at any epoch.
 
     Each example: inception crop (a random box covering `crop_scale` of the area with aspect
-    ratio in `crop_ratio`, the whole image if 10 draws fail; `crop_scale=(0.5, 1)` suits tiny
-    images like the digits), resize to `image_size`, random horizontal flip (`flip=False` for
-    digits or text), then `(x / 255 - mean) / std`. `augment=False`: resize only.
+    ratio in `crop_ratio`, the whole image if 10 draws fail), resize to `image_size`, random
+    horizontal flip, then `(x / 255 - mean) / std`; `crop_scale` and `flip` default to the
+    source's own (`Source.augmentation`: gentle crops without flips for the digits).
+    `augment=False`: resize only.
     `mixup_alpha > 0`: mixup (Zhang et al. 2018, as DeiT and timm's batch mode), each batch
     blended with itself reversed, `w * x + (1 - w) * x[::-1]`, `w ~ Beta(alpha, alpha)` per batch,
     and its labels likewise as float32 class distributions `(B, num_classes)` (the recipes' loss
@@ -531,6 +550,8 @@ def train_pipeline(
     in a new order each time, and array sources are in memory already.
     """
     _check_interpolation(interpolation)
+    augmentation = source.augmentation(crop_scale, flip)
+    crop_scale, flip = augmentation["crop_scale"], augmentation["flip"]
     if int(start_epoch) < 0:
         raise ValueError(f"start_epoch must be >= 0, got {start_epoch!r}.")
     if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:

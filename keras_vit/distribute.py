@@ -233,8 +233,8 @@ def fix_distributed_clipping() -> bool:
     Keras's TensorFlow optimizers clip (`clipnorm`, `global_clipnorm`, `clipvalue`) in
     `_backend_apply_gradients`, inside the replica function, and only then all-reduce the
     gradients in `_backend_update_step`. With several replicas each one clips its partial
-    gradient, which is not what the options mean (and not what one device computes: on the
-    tiny test ViT, losses differ by ~0.1 after 3 epochs of clipped SGD). The fix: with more
+    gradient, which is not what the options mean (and not what one device computes:
+    the losses part after a few epochs of clipped SGD). The fix: with more
     than one replica in sync and a clipping option set, `_clip_gradients` first all-reduces
     the gradients (SUM), clips the total, and hands each replica `total / replicas`, which the
     optimizer's own all-reduce sums back to the clipped total (exactly for a power-of-two

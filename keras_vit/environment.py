@@ -11,7 +11,7 @@ builds it here.
 
 `enable_onednn()` turns on TensorFlow's oneDNN CPU kernels (fused matmul + bias + GELU):
 TensorFlow enables them by itself only on CPUs with AVX-512 VNNI/BF16 or AMX, and a ViT runs
-~1.5x faster with them on an AVX2-only CPU. The setting is read once, when TensorFlow is
+faster with them on an AVX2-only CPU (measured in the docs). The setting is read once, when TensorFlow is
 imported: the `keras-vit` command sets it first thing; a library user calls
 `keras_vit.enable_onednn()` before importing TensorFlow, and `import keras_vit` notes it once
 when TensorFlow was already imported with the kernels off (`TF_ENABLE_ONEDNN_OPTS` unset).
@@ -22,6 +22,7 @@ Pure Python: imports neither TensorFlow nor Keras (`versions` reads the modules 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import re
@@ -35,6 +36,7 @@ __all__ = [
     "install_hint",
     "machine",
     "onednn_enabled",
+    "keras_backend",
     "require_tensorflow_backend",
     "versions",
 ]
@@ -60,11 +62,28 @@ def checkout_root() -> str | None:
     return root if match and match.group(1) == DISTRIBUTION else None
 
 
+def keras_backend() -> str:
+    """The backend Keras runs on, or will run on once imported, found without importing it.
+
+    As Keras decides: `KERAS_BACKEND`, else the `backend` of `keras.json` in `KERAS_HOME`
+    (default `~/.keras`), else TensorFlow.
+    """
+    if "keras" in sys.modules:
+        return sys.modules["keras"].backend.backend()
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json"), encoding="utf-8") as file:
+            backend = json.load(file).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    return backend if isinstance(backend, str) and backend else "tensorflow"
+
+
 def require_tensorflow_backend(feature: str) -> None:
     """Stop at once, saying what to do, when `feature` (TensorFlow by nature) runs on another backend."""
-    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    if "keras" in sys.modules:
-        backend = sys.modules["keras"].backend.backend()
+    backend = keras_backend()
     if backend != "tensorflow":
         raise RuntimeError(
             f"{feature} needs the TensorFlow backend (tf.data, tf.distribute, SavedModel), but Keras runs "
@@ -84,8 +103,8 @@ def onednn_enabled() -> bool | None:
 
 def _onednn_off_message() -> str:
     return (
-        "TensorFlow was imported with its oneDNN CPU kernels off, which makes ViTs ~1.5x slower on this "
-        f"CPU: set {ONEDNN_VARIABLE}=1 in the environment, or call keras_vit.enable_onednn() before "
+        "TensorFlow was imported with its oneDNN CPU kernels off, which makes ViTs slower on this CPU:"
+        f" set {ONEDNN_VARIABLE}=1 in the environment, or call keras_vit.enable_onednn() before "
         f"importing TensorFlow ({ONEDNN_VARIABLE}=0 silences this note)."
     )
 

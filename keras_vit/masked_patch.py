@@ -40,7 +40,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit import defaults
+from keras_vit import defaults, validation
 from keras_vit.defaults import MPP_TARGETS
 from keras_vit.models import ViT, build_vit
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD
@@ -476,8 +476,7 @@ def to_classifier(
     """
     if isinstance(model, (str, os.PathLike)):
         model = load_model(model)  # a damaged file: one clear error naming it
-    if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
-        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}.")
+    num_classes = validation.positive_int("num_classes", num_classes)
     backbone = model.backbone if isinstance(model, MaskedPatchPredictor) else _token_backbone(model)
     changes = {"dropout": dropout, "drop_path_rate": drop_path_rate, "name": name or backbone.name}
     return backbone.with_head(

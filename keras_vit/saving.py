@@ -9,7 +9,7 @@ import zipfile
 import zlib
 
 # Modules whose classes a saved keras_vit model or training run can reference.
-_SERIALIZABLE_MODULES = ("layers", "hybrid", "models", "recipes", "masked_patch")
+_SERIALIZABLE_MODULES = ("layers", "hybrid", "models", "optimization", "masked_patch")
 # What reading a damaged `.keras` archive raises inside Keras (zip, JSON, h5py errors).
 _DAMAGE_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, KeyError, json.JSONDecodeError, OSError)
 

@@ -426,7 +426,7 @@ EDGE_TINY = ViTConfig(
         (["train", "--mixup", "-0.2"], "argument --mixup: must be >= 0, got -0.2"),
         (["train", "--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
         (["train", "--on-bad-image", "ignore"], "argument --on-bad-image: invalid choice: 'ignore'"),
-        (["pretrain", "--corrupt-rate", "nan"], "argument --corrupt-rate: must be a finite number in [0, 1]"),
+        (["pretrain", "--corrupt-rate", "nan"], "argument --corrupt-rate: must be a finite number in (0, 1]"),
         (["predict", "x.png", "--top", "0"], "argument --top: must be an integer >= 1, got 0"),
         (["predict", "x.png", "--max-pixels", "0"], "argument --max-pixels: must be an integer >= 1, got 0"),
         (["export", "out", "--top-k", "-2"], "argument --top-k: must be an integer >= 1, got -2"),

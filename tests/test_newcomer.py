@@ -21,7 +21,7 @@ from conftest import subprocess_env
 from PIL import Image
 
 import keras_vit
-from keras_vit import cli, data, environment, pretrain, training
+from keras_vit import cli, data, datasets, environment, training
 from keras_vit import pretrained as kp
 from keras_vit.preprocessing import decode_predictions, read_labels
 from keras_vit.variants import VARIANTS, ViTConfig
@@ -77,7 +77,7 @@ def test_tfds_names_with_config_or_version_reach_tfds(name, tmp_path):
     """Both drivers send them to tensorflow-datasets, whose not-prepared error names both flag forms."""
     for load in (
         lambda: training.load_dataset(name, data_dir=tmp_path),
-        lambda: pretrain._train_source(name, "train", tmp_path),
+        lambda: datasets.load_unlabeled(name, "train", tmp_path),
     ):
         with pytest.raises(data.DataNotPreparedError) as caught:
             load()
@@ -88,7 +88,7 @@ def test_tfds_names_with_config_or_version_reach_tfds(name, tmp_path):
         with pytest.raises(FileNotFoundError, match="does not exist"):
             training.load_dataset(missing)
         with pytest.raises(FileNotFoundError, match="does not exist"):
-            pretrain._train_source(missing, "train", None)
+            datasets.load_unlabeled(missing, "train", None)
 
 
 def test_relative_image_folder_without_dot_is_read(tmp_path, monkeypatch):
@@ -96,8 +96,8 @@ def test_relative_image_folder_without_dot_is_read(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train, test = training.load_dataset("pets")
     assert (train.num_examples, test.num_examples, train.class_names) == (8, 8, ("cat", "dog"))
-    source, is_digits = pretrain._train_source("pets", "train", None)
-    assert source.num_examples == 8 and not is_digits
+    source = datasets.load_unlabeled("pets", "train", None)
+    assert source.num_examples == 8 and source.flip  # photos' augmentation, not the digits'
 
 
 # ---------------------------------------------------------------- 2. install advice that works

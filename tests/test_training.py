@@ -13,7 +13,7 @@ import pytest
 from conftest import subprocess_env
 
 import keras_vit
-from keras_vit import runs, training
+from keras_vit import recipes, runs, training
 from keras_vit.variants import ViTConfig
 
 WORKER = os.path.join(os.path.dirname(__file__), "training_worker.py")
@@ -185,8 +185,8 @@ def test_mixed_precision_trains(tmp_path):
     model = result.model
     assert model.get_layer("block_0").compute_dtype == "bfloat16"
     assert model.jit_compile is True  # jit_compile="auto" on one replica: XLA
-    # From scratch, stochastic depth defaults to SCRATCH_DROP_PATH (growing to it over the blocks).
-    assert model.get_layer("block_1").drop_path == pytest.approx(training.SCRATCH_DROP_PATH)
+    # From scratch, stochastic depth defaults to the recipe's (growing to it over the blocks).
+    assert model.get_layer("block_1").drop_path == pytest.approx(recipes.FROM_SCRATCH.drop_path_rate)
     assert model.get_layer("block_0").fc1.kernel.dtype == "float32"  # float32 master weights
     assert keras.config.dtype_policy().name == "float32"  # the global policy is restored
     assert result.report["steps"] == 1 and np.isfinite(result.report["history"]["loss"][0])

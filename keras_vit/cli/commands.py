@@ -1,0 +1,304 @@
+"""What each `keras-vit` command does, given its parsed arguments (`keras_vit.cli.parser` declares them).
+
+Each `run_*` function imports what it needs when it runs, so that parsing (and `--help`)
+imports nothing heavy, and returns the exit status. Errors are raised as exceptions with a
+message that says what to do; `keras_vit.cli.main` prints them as one line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from keras_vit import defaults
+from keras_vit.cli.startup import op_error_message
+from keras_vit.environment import require_tensorflow_backend
+from keras_vit.validation import existing_file
+
+__all__ = [
+    "run_checkpoint",
+    "run_convert",
+    "run_export",
+    "run_inspect",
+    "run_models",
+    "run_predict",
+    "run_pretrain",
+    "run_pretrained",
+    "run_push",
+    "run_train",
+]
+
+
+def run_models(args) -> int:
+    from keras_vit.variants import VARIANTS
+
+    header = f"{'model':<12} {'D':>5} {'layers':>6} {'heads':>5} {'MLP':>5} {'px/token':>8} {'size':>5}"
+    print(f"{header}  ResNet stages")
+    for name, config in sorted(VARIANTS.items()):
+        stages = {None: "", (): "root only"}.get(config.resnet_stages, str(config.resnet_stages))
+        print(
+            f"{name:<12} {config.hidden_size:>5} {config.depth:>6} {config.num_heads:>5} "
+            f"{config.mlp_dim:>5} {config.stride:>8} {config.image_hw[0]:>5}  {stages}"
+        )
+    return 0
+
+
+def run_pretrained(args) -> int:
+    from keras_vit import catalog
+
+    if args.markdown:
+        print(catalog.catalog_markdown())
+        return 0
+    default_tags = set(catalog.default_tags().values())
+    for tag in catalog.list_pretrained(args.variant):
+        entry = catalog.get_entry(tag)
+        classes = entry.num_classes or "no head"
+        marker = "  (default)" if tag in default_tags else ""
+        numerics = f"numerics {entry.numerics}"
+        print(f"{tag:<48} {entry.resolution:>4}px {classes!s:>7}  {numerics:<13}  {entry.hub_repo}{marker}")
+    return 0
+
+
+def run_checkpoint(args) -> int:
+    from keras_vit.converters import inspect_checkpoint
+
+    info = inspect_checkpoint(args.checkpoint)
+    for field, value in vars(info).items():
+        print(f"{field}: {value}")
+    return 0
+
+
+def run_predict(args) -> int:
+    if args.saved_model:
+        return _predict_saved_model(args)
+    import keras_vit
+    from keras_vit.preprocessing import Preprocessing
+
+    model = keras_vit.create_model(args.model, args.weights)
+    if args.weights is False:
+        print(
+            f"keras-vit: warning: {model.name} has random weights (--weights false): its classes are "
+            "meaningless; pass --weights true, a tag or a checkpoint file for real predictions.",
+            file=sys.stderr,
+        )
+    spec = Preprocessing.for_model(model)  # the checkpoint's, else the package default
+    for path in args.images:
+        image = keras_vit.load_image(path, spec, max_pixels=args.max_pixels)
+        probabilities = model.predict(keras_vit.preprocess_input(image[None], spec), verbose=0)
+        print(path)
+        top = min(5 if args.top is None else args.top, probabilities.shape[-1])
+        for index, name, probability in keras_vit.decode_predictions(probabilities, top, model)[0]:
+            print(f"  {probability:7.2%}  {index:>5}  {name}")
+    return 0
+
+
+def _convert_source(args):
+    """The model `convert` writes: SOURCE (a variant, a .keras file, a save_pretrained folder or
+    `hf-hub:` repo, or a checkpoint into --model), else --model with --weights."""
+    import keras_vit
+
+    source = args.source
+    sizes = dict(image_size=args.image_size, num_classes=args.num_classes)
+    if source is None or source in keras_vit.VARIANTS:
+        return keras_vit.create_model(source or args.model, args.weights, **sizes)
+    if source.endswith(".keras"):
+        return keras_vit.load_model(source)
+    from keras_vit.sharing import METADATA_FILE
+
+    if source.startswith("hf-hub:") or os.path.isfile(os.path.join(source, METADATA_FILE)):
+        return keras_vit.load_pretrained(source)
+    return keras_vit.create_model(args.model, source, **sizes)
+
+
+def run_convert(args) -> int:
+    model = _convert_source(args)
+    if args.to:
+        import keras_vit
+        from keras_vit.preprocessing import read_labels
+
+        labels = read_labels(args.labels) if args.labels else None
+        keras_vit.save_pretrained(model, args.output, args.to, labels=labels, overwrite=args.overwrite)
+        print(
+            f"wrote {args.output} ({model.name} in the {args.to} format, {model.count_params():,} parameters)"
+        )
+        return 0
+    if os.path.exists(args.output) and not args.overwrite:
+        raise FileExistsError(f"{args.output} already exists: pass --overwrite to replace it.")
+    model.save(args.output)
+    print(
+        f"wrote {args.output} ({model.name}, input {model.input_shape}, {model.count_params():,} parameters)"
+    )
+    return 0
+
+
+def _beside(source: str | None, name: str) -> str | None:
+    """`name` next to a .keras file (what keras-vit train writes there), if it exists."""
+    if not source or not source.endswith(".keras"):
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(source)), name)
+    return path if os.path.isfile(path) else None
+
+
+def run_push(args) -> int:
+    import keras_vit
+    from keras_vit.preprocessing import read_labels
+
+    model = _convert_source(args)
+    labels_file = args.labels or _beside(args.source, defaults.LABELS_FILE)
+    report = args.report or _beside(args.source, "report.json")
+    url = keras_vit.push_to_hub(
+        model,
+        args.repo_id,
+        args.format,
+        labels=read_labels(labels_file) if labels_file else None,
+        report=report,
+        private=args.private or None,
+    )
+    print(f"pushed {model.name} ({args.format} format) to {args.repo_id}: {url}")
+    return 0
+
+
+def run_inspect(args) -> int:
+    import keras_vit
+    from keras_vit.plots import write_inspection
+
+    existing_file("image", args.image)  # before the model is built and the output folder made
+    model = keras_vit.create_model(args.model, args.weights)
+    label = model.name if args.weights is not False else f"{model.name}, random weights"
+    written = write_inspection(
+        model,
+        args.image,
+        args.out,
+        discard_ratio=args.discard_ratio,
+        head_fusion=args.head_fusion,
+        label=label,
+    )
+    for path in written.values():
+        print(f"wrote {path}")
+    return 0
+
+
+def _predict_saved_model(args) -> int:
+    """`predict --saved-model`: the files' bytes through the export's `serving_bytes` signature."""
+    import tensorflow as tf
+
+    from keras_vit.export import BYTES_SIGNATURE, latest_version
+
+    serve = tf.saved_model.load(latest_version(args.saved_model)).signatures[BYTES_SIGNATURE]
+    for path in args.images:
+        with open(path, "rb") as file:
+            data = file.read()
+        try:
+            outputs = serve(image_bytes=tf.constant([data]))
+        except tf.errors.InvalidArgumentError as error:
+            raise ValueError(f"{path}: {op_error_message(error.message)}") from None
+        exported_k = outputs["top_k_indices"].shape[-1]
+        top = min(5, exported_k) if args.top is None else args.top
+        if top > exported_k:
+            raise ValueError(
+                f"--top {args.top} is more than the {exported_k} classes the SavedModel returns: "
+                f"export it again with --top-k {args.top}."
+            )
+        indices, scores = outputs["top_k_indices"][0].numpy(), outputs["top_k_scores"][0].numpy()
+        names = outputs["top_k_classes"][0].numpy() if "top_k_classes" in outputs else [None] * exported_k
+        print(path)
+        for index, name, score in list(zip(indices, names, scores, strict=True))[:top]:
+            print(f"  {score:7.2%}  {index:>5}  {name.decode() if name is not None else None}")
+    return 0
+
+
+def run_export(args) -> int:
+    import keras_vit
+
+    labels_file = args.labels
+    if args.model.endswith(".keras"):
+        if args.weights is not None:
+            raise ValueError("--weights applies to a variant; a .keras file already holds its weights.")
+        model = keras_vit.load_model(args.model)  # registers keras_vit's classes first
+        beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), defaults.LABELS_FILE)
+        if labels_file is None and os.path.isfile(beside):  # written by keras-vit train next to model.keras
+            labels_file = beside
+    else:
+        model = keras_vit.create_model(args.model, True if args.weights is None else args.weights)
+    labels = None
+    if labels_file:
+        from keras_vit.preprocessing import read_labels
+
+        labels = read_labels(labels_file)
+    if args.format != "saved_model":
+        write = keras_vit.export_onnx if args.format == "onnx" else keras_vit.export_litert
+        options = {"int8": True} if args.int8 else {}
+        if args.int8 and args.format != "litert":
+            raise ValueError("--int8 applies to --format litert (dynamic-range int8 weights).")
+        path = write(
+            model, args.export_dir, preprocessing=args.preprocessing, overwrite=args.overwrite, **options
+        )
+        size = os.path.getsize(path) / 2**20
+        print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}, {size:.1f} MiB)")
+        return 0
+    top_k = min(5, int(model.output_shape[-1])) if args.top_k is None else args.top_k
+    path = keras_vit.export_serving(
+        model,
+        args.export_dir,
+        args.version,
+        top_k=top_k,
+        labels=labels,
+        warmup=not args.no_warmup,
+        overwrite=args.overwrite,
+        max_pixels=args.max_pixels,
+    )
+    found = f"; class names from {labels_file}" if labels_file and not args.labels else ""
+    print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {top_k}{found})")
+    return 0
+
+
+def _model_config(args):
+    """The architecture named by `--model` with the custom sizes given on the command line."""
+    from keras_vit.variants import model_config
+
+    return model_config(
+        args.model,
+        patch_size=args.patch_size,
+        hidden_size=args.hidden_size,
+        depth=args.depth,
+        num_heads=args.heads,
+        mlp_dim=args.mlp_dim,
+    )
+
+
+def _options(args) -> dict:
+    """The run options of the command (`keras_vit.options`), by name, as parsed."""
+    from keras_vit.options import option_fields
+
+    return {field.name: getattr(args, field.name) for field, _ in option_fields(args.options_class)}
+
+
+def run_train(args) -> int:
+    """`train` and `finetune`: `keras_vit.training.train` with the command's recipe."""
+    require_tensorflow_backend(f"keras-vit {args.command}")  # before TensorFlow is imported
+    from keras_vit import training
+
+    result = training.train(_model_config(args), args.dataset, recipe=args.recipe, **_options(args))
+    report = result.report
+    print(
+        f"held-out accuracy: {report['accuracy']:.2%} on {report['test_examples']} images "
+        f"(loss {report['loss']:.4f}; {report['steps']} steps, {report['seconds']:.0f} s)"
+    )
+    print(f"wrote {os.path.join(args.output_dir, 'model.keras')} and report.json")
+    return 0
+
+
+def run_pretrain(args) -> int:
+    """`pretrain`: `keras_vit.pretrain.pretrain` (masked patch prediction)."""
+    require_tensorflow_backend("keras-vit pretrain")  # before TensorFlow is imported
+    from keras_vit import pretrain
+
+    result = pretrain.pretrain(_model_config(args), args.dataset, **_options(args))
+    report = result.report
+    accuracy = "" if report["patch_accuracy"] is None else f", patch accuracy {report['patch_accuracy']:.2%}"
+    print(
+        f"masked patch prediction: loss {report['loss']:.4f}{accuracy} after {report['steps']} steps "
+        f"({report['seconds']:.0f} s)"
+    )
+    print(f"wrote {os.path.join(args.output_dir, 'backbone.keras')} and report.json")
+    return 0

@@ -1,0 +1,102 @@
+"""What a training run's dataset argument means: the digits, an image folder, or a tfds name.
+
+`load_dataset` gives classification its `(train, held-out)` sources, `load_unlabeled` gives
+masked patch pre-training its training images. Both read the same names the same way: `"digits"`
+(scikit-learn's, offline), a folder (a string that exists or starts with `.`, `/` or `~`:
+`keras_vit.data.is_folder_name`), else a prepared tensorflow-datasets name (with a config or
+version if needed: `imagenette/320px`, `mnist:3.0.1`; nothing is downloaded). Each source
+carries the augmentation that suits it (`keras_vit.data.Source.augmentation`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from keras_vit import data
+from keras_vit.defaults import BAD_IMAGE_ACTIONS, DATASET
+
+__all__ = ["load_dataset", "load_unlabeled"]
+
+
+def _folder(dataset: str | os.PathLike) -> str | None:
+    """The folder `dataset` names (`None`: a tfds name); an existing file or a missing folder is refused."""
+    path = os.path.expanduser(os.fspath(dataset))
+    if not data.is_folder_name(dataset):
+        return None
+    if os.path.isdir(path):
+        return path
+    if os.path.exists(path):
+        raise ValueError(f"Dataset {path!r} is a file: pass an image folder, '{DATASET}' or a tfds name.")
+    raise FileNotFoundError(f"Dataset folder {path!r} does not exist.")
+
+
+def load_dataset(
+    dataset: str | os.PathLike,
+    *,
+    train_split: str = "train",
+    test_split: str = "test",
+    data_dir: str | os.PathLike | None = None,
+    on_bad_image: str = BAD_IMAGE_ACTIONS[0],
+) -> tuple[data.Source, data.Source]:
+    """`(train, held-out)` sources for `dataset`: `"digits"`, an image folder, or a tfds name.
+
+    An image folder must hold `train/` and `test/` (or `val/`, `validation/`) sub-folders,
+    each with one sub-folder per class. A tensorflow-datasets name reads `train_split` and
+    `test_split` from `data_dir`. A folder's unreadable image files stop the run with their
+    names, or are skipped with `on_bad_image="skip"` (`keras_vit.data.from_directory`).
+    """
+    if isinstance(dataset, str) and dataset == DATASET:
+        return data.load_digits()
+    path = _folder(dataset)
+    if path is None:
+        name = os.fspath(dataset)
+        return (
+            data.from_tfds(name, train_split, data_dir=data_dir),
+            data.from_tfds(name, test_split, data_dir=data_dir),
+        )
+    held_out = next(
+        (name for name in ("test", "val", "validation") if os.path.isdir(os.path.join(path, name))), None
+    )
+    if not os.path.isdir(os.path.join(path, "train")) or held_out is None:
+        raise ValueError(
+            f"Image folder {path!r} needs a train/ and a test/ (or val/) sub-folder, each with one "
+            "folder per class, e.g. train/cat/1.jpg and test/cat/7.jpg."
+        )
+    train_source = data.from_directory(os.path.join(path, "train"), on_bad_image=on_bad_image)
+    test_source = data.from_directory(os.path.join(path, held_out), on_bad_image=on_bad_image)
+    if train_source.class_names != test_source.class_names:
+        raise ValueError(
+            f"{path}: train/ and {held_out}/ have different class folders "
+            f"({train_source.class_names} vs {test_source.class_names})."
+        )
+    return train_source, test_source
+
+
+def load_unlabeled(
+    dataset: str | os.PathLike | data.Source | np.ndarray,
+    train_split: str = "train",
+    data_dir: str | os.PathLike | None = None,
+    on_bad_image: str = BAD_IMAGE_ACTIONS[0],
+) -> data.Source:
+    """The training images of `dataset` (their labels unused): the digits' train split, an image
+    folder (its `train/` if present; any sub-folders), the `train_split` of a tfds name, a
+    `keras_vit.data.Source`, or uint8-range images `(N, H, W[, C])`."""
+    if isinstance(dataset, data.Source):
+        return dataset
+    if isinstance(dataset, np.ndarray):
+        return data.from_arrays(dataset, np.zeros(len(dataset), "int32"), num_classes=1)
+    if isinstance(dataset, str) and dataset == DATASET:
+        return data.load_digits()[0]  # the train split only: the test split stays unseen
+    path = _folder(dataset)
+    if path is None:
+        return data.from_tfds(os.fspath(dataset), train_split, data_dir=data_dir)
+    if os.path.isdir(os.path.join(path, "train")):
+        path = os.path.join(path, "train")
+    try:
+        return data.from_directory(path, on_bad_image=on_bad_image)
+    except ValueError as error:
+        raise ValueError(
+            f"{error} For unlabeled images any grouping will do: e.g. put them all in {path}/images/."
+        ) from None
