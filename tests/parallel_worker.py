@@ -8,7 +8,7 @@
 one device, data parallel over 8, and model parallel on 4x2 and 2x4 meshes
 (`keras_vit.parallel.make_distribution`); writes `OUT_DIR/steps.npz` (per run: the loss of every
 step and the final weights) and `OUT_DIR/layouts.json` (the config; per model-parallel mesh: its device ids
-and, for every model and optimizer variable, its path, shape, layout axes and every shard's
+and, for every model and optimizer variable, its role, path, shape, layout axes and every shard's
 device and index).
 
 `errors`: writes `OUT_DIR/errors.json`, the message of each bad input to `make_distribution`.
@@ -72,10 +72,14 @@ def train(distribution, steps, weights, process_slice=slice(None)):
 def describe_layouts(model, distribution) -> dict:
     mesh = distribution.device_mesh
     variables = []
-    for variable in [*model.weights, *model.optimizer.variables]:
+    for role, variable in [
+        *(("weight", weight) for weight in model.weights),
+        *(("optimizer", variable) for variable in model.optimizer.variables),
+    ]:
         layout = distribution.get_variable_layout(variable)
         variables.append(
             {
+                "role": role,
                 "path": variable.path,
                 "shape": list(variable.shape),
                 "axes": list(layout.axes),
@@ -152,7 +156,7 @@ def process(out_dir: Path, process_id: int, coordinator: str) -> None:
             out_dir / "process.npz",
             losses=np.array(losses),
             devices=np.array(distribution.device_mesh.devices.size),
-            processes=np.array(keras.distribution.distribution().num_processes),
+            processes=np.array(distribution.num_processes),
             **arrays,
         )
 

@@ -146,11 +146,15 @@ def test_every_shard_sits_where_the_layout_map_says(runs, run):
         int(device): dict(zip(layout["axis_names"], index, strict=True))
         for index, device in np.ndenumerate(device_grid)
     }
-    weights = [v for v in layout["variables"] if not v["path"].startswith("adamw/")]
+    weights = [v for v in layout["variables"] if v["role"] == "weight"]
     sharded = {v["path"]: tuple(v["axes"]) for v in weights if any(v["axes"])}
     assert sharded == megatron_axes(ViTConfig.from_dict(layouts["config"]))
-    optimizer_sharded = [v for v in layout["variables"] if v["path"].startswith("adamw/") and any(v["axes"])]
-    assert len(optimizer_sharded) == 2 * len(sharded)  # AdamW's moments follow their weights
+    # AdamW's moments (`<optimizer>/<weight path with _>_momentum|velocity`) are laid out as their weights.
+    weight_axes = {v["path"].replace("/", "_"): tuple(v["axes"]) for v in weights}
+    moments = [v for v in layout["variables"] if v["path"].endswith(("_momentum", "_velocity"))]
+    assert len(moments) == 2 * len(weights)
+    for moment in moments:
+        assert tuple(moment["axes"]) == weight_axes[moment["path"].split("/", 1)[1].rsplit("_", 1)[0]]
     for variable in layout["variables"]:
         assert sorted(shard["device"] for shard in variable["shards"]) == sorted(position)
         for shard in variable["shards"]:
