@@ -114,6 +114,10 @@ def bad_input_messages() -> dict:
         "no_model": lambda: make_distribution(2),
         "not_positive": lambda: make_distribution(0),
         "unknown_variant": lambda: make_distribution(2, model="vit_x99"),
+        "model_heads": lambda: make_distribution(
+            2, model=keras_vit.build_vit(ViTConfig("odd_heads", 4, 48, 1, 3, 64, image_size=16))
+        ),
+        "not_a_vit": lambda: make_distribution(2, model=keras.Sequential(name="other")),
     }
     messages = {}
     for case, attempt in cases.items():

@@ -177,6 +177,8 @@ def test_every_shard_sits_where_the_layout_map_says(runs, run):
         ("no_model", ["pass model="]),
         ("not_positive", ["positive int", "got 0"]),
         ("unknown_variant", ["Unknown ViT variant 'vit_x99'"]),
+        ("model_heads", ["odd_heads's 3 attention heads", "one of [1]"]),
+        ("not_a_vit", ["not a keras_vit.ViT"]),
     ],
 )
 def test_bad_input_gets_one_clear_error(bad_input_messages, case, fragments):
