@@ -37,6 +37,7 @@ _EXPORTS = {
     "save_pretrained": "sharing",
     "enable_lora": "lora",
     "enable_onednn": "environment",
+    "get_layout_map": "parallel",
     "ClassToken": "layers",
     "DropPath": "layers",
     "MultiHeadSelfAttention": "layers",
