@@ -12,6 +12,7 @@ goes through here:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -168,13 +169,15 @@ class RunLock:
     `folder/.keras_vit-run.lock` held with `fcntl.flock`: the operating system releases it when
     the process ends, however it ends (SIGKILL included), so a lock left by a dead run is taken
     over by the next one. The file records the holder (pid, host, start time) for the error a
-    second run gets; it is removed when the run ends.
+    second run gets; it is removed when the run ends, and so is the folder if the lock made it
+    and nothing else was written there.
     """
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = os.fspath(folder)
         self.path = os.path.join(self.folder, LOCK_FILE)
         self._descriptor: int | None = None
+        self._made_folder = False
 
     def _holder(self) -> str:
         try:
@@ -190,6 +193,7 @@ class RunLock:
 
         if os.path.exists(self.folder) and not os.path.isdir(self.folder):
             raise NotADirectoryError(f"The output folder {self.folder} is a file: give a folder.")
+        self._made_folder = not os.path.isdir(self.folder)
         os.makedirs(self.folder, exist_ok=True)
         while True:
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -225,6 +229,9 @@ class RunLock:
             pass
         os.close(self._descriptor)
         self._descriptor = None
+        if self._made_folder:
+            with contextlib.suppress(OSError):  # not empty: the run wrote there
+                os.rmdir(self.folder)
 
     def __enter__(self) -> RunLock:
         return self.acquire()
