@@ -354,7 +354,9 @@ def test_cli_push_uses_the_run_folder(tiny, tmp_path, monkeypatch, capsys):
     tiny.save(run / "model.keras")
     (run / "labels.txt").write_text("\n".join(LABELS) + "\n")
     (run / "report.json").write_text(json.dumps({"accuracy": 0.75, "test_examples": 8}))
+    before = {path.name: path.read_bytes() for path in run.iterdir()}
     assert cli.main(["push", str(run / "model.keras"), "someone/run", "--format", "hf", "--private"]) == 0
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == before  # the run folder is only read
     assert f"commit/{COMMIT}" in capsys.readouterr().out
     assert calls["create_repo"][1]["private"] is True
     assert "library_name: transformers" in calls["card"] and "| accuracy | 0.75 |" in calls["card"]
