@@ -43,6 +43,7 @@ from keras_vit import tf2onnx_ops
 from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
 from keras_vit.defaults import MAX_PIXELS
 from keras_vit.environment import install_hint, require_tensorflow_backend
+from keras_vit.files import replace_file
 from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
 from keras_vit.validation import positive_int
 
@@ -118,6 +119,11 @@ def _check_version_dir(export_dir: str, version: int, overwrite: bool) -> str:
         raise FileExistsError(
             f"{target} already exists: TF Serving may be serving it. Export a new version, or pass "
             "overwrite=True (--overwrite) to replace it."
+        )
+    if os.path.exists(target) and not (os.path.isdir(target) and tf.saved_model.contains_saved_model(target)):
+        raise FileExistsError(
+            f"{target} exists and is not a SavedModel (overwrite replaces only an earlier export): move it "
+            "away, or export another version."
         )
     return target
 
@@ -258,7 +264,8 @@ def export_serving(
             model's (`Preprocessing.for_model(model)`); the overrides apply on top of it.
         warmup: write `assets.extra/tf_serving_warmup_requests` (needs tensorflow-serving-api).
         model_name: the model name in the warm-up requests, default the export directory's name.
-        overwrite: replace an existing version directory.
+        overwrite: replace an earlier export of this version (a SavedModel there); anything
+            else in its place is refused, and `export_dir`'s other contents are never touched.
         max_pixels: the most pixels (height x width) an image sent to `serving_bytes` may have
             (default `defaults.MAX_PIXELS`, Pillow's limit): checked from the file's header
             before decoding (JPEG, PNG, GIF, BMP) and on the decoded image before resizing; a
@@ -367,9 +374,13 @@ def export_serving(
                     PREPROCESSED_SIGNATURE: ("pixels", preprocessing.normalize(card).numpy()),
                 },
             )
-        if os.path.exists(target):
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        if os.path.exists(target):  # the earlier export, renamed aside until the new one is in place
+            replaced = tempfile.mkdtemp(prefix=f".old-{int(version)}-", dir=export_dir)
+            os.replace(target, os.path.join(replaced, "version"))
+            os.replace(staging, target)
+            shutil.rmtree(replaced, ignore_errors=True)
+        else:
+            os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -415,21 +426,6 @@ def _portable_target(path: str | os.PathLike, suffix: str, overwrite: bool) -> s
     return path
 
 
-def _write_atomically(path: str, write) -> str:
-    """`write(temporary path)` beside `path`, then renamed onto it: no half-written file is left."""
-    handle, staging = tempfile.mkstemp(
-        prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=os.path.dirname(os.path.abspath(path))
-    )
-    os.close(handle)
-    try:
-        write(staging)
-        os.replace(staging, path)
-    finally:
-        if os.path.exists(staging):
-            os.remove(staging)
-    return path
-
-
 def export_onnx(
     model: keras.Model, path: str | os.PathLike, *, preprocessing: bool = False, overwrite: bool = False
 ) -> str:
@@ -445,7 +441,7 @@ def export_onnx(
     portable, spec = _portable_model(model, preprocessing)
     if not tf2onnx_ops.register():
         raise ModuleNotFoundError(f"ONNX export needs tf2onnx and onnx: {install_hint('export')}.")
-    return _write_atomically(
+    return replace_file(
         target, lambda staging: portable.export(staging, format="onnx", input_signature=[spec], verbose=False)
     )
 
@@ -468,7 +464,7 @@ def export_litert(
     target = _portable_target(path, ".tflite", overwrite)
     portable, spec = _portable_model(model, preprocessing)
     options = {"optimizations": [tf.lite.Optimize.DEFAULT]} if int8 else {}
-    return _write_atomically(
+    return replace_file(
         target,
         lambda staging: portable.export(
             staging, format="litert", input_signature=[spec], verbose=False, **options

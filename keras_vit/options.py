@@ -231,6 +231,14 @@ class RunOptions:
     output_dir: str = option(
         "vit_run", "{saved_file}, report.json, logs/ and, while unfinished, backup/", "run"
     )
+    overwrite: bool = option(
+        False,
+        "replace a finished run's {saved_file}, report.json and logs in the output folder, or discard an "
+        "unfinished run's backup made with other arguments (the folder's other files are kept)",
+        "run",
+        choices=(False, True),
+        switch=True,
+    )
     strategy: Any = option(
         defaults.STRATEGIES[0],
         "tf.distribute strategy (keras_vit.distribute.get_strategy), or a strategy object",

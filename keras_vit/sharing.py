@@ -13,17 +13,23 @@ transformers (`ViTForImageClassification.from_pretrained("user/my-vit")`) load i
 own, plus `keras_vit.json` (the model's exact keras_vit config, numerics included, the
 preprocessing and the class names) that `load_pretrained` rebuilds it from, and a model card
 `README.md`. A model the format cannot express raises `NotExpressibleError` naming what does
-not fit, before anything is written; the folder is written next to its place and renamed
-into it, so a failure leaves nothing half-written; an existing non-empty folder is replaced
-only with `overwrite=True`.
+not fit, before anything is written.
+
+Nothing else in the folder is touched: `save_pretrained` writes only its own files (the
+format's, `keras_vit.json`, `README.md`), a new folder beside its place then renamed into it,
+and `overwrite=True` replaces only what an earlier `save_pretrained` wrote there (the files
+its `keras_vit.json` lists), never the folder's other contents. `keras_vit.json` records the
+SHA-256 of every file written but the model card (`files`) and of its own content
+(`sha256`); `load_pretrained` verifies them, so a changed weight or an edited config is an
+error naming the file (`verify=False` loads files edited on purpose).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -34,11 +40,13 @@ from keras_vit import __version__
 from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
 from keras_vit.converters import write_google_npz, write_hf, write_timm
 from keras_vit.converters.write_common import NotExpressibleError, check_writable
+from keras_vit.files import ChecksumError, file_sha256, json_sha256, write_owned
 from keras_vit.pretrained import HUB_PREFIX, METADATA_FILE, read_shared, resolve_pretrained
 from keras_vit.variants import ViTConfig
 
 __all__ = [
     "FORMATS",
+    "ChecksumError",
     "METADATA_FILE",
     "NotExpressibleError",
     "load_pretrained",
@@ -46,6 +54,7 @@ __all__ = [
     "push_to_hub",
     "read_metadata",
     "save_pretrained",
+    "verify_shared",
 ]
 
 FORMATS: dict[str, ModuleType] = {"timm": write_timm, "hf": write_hf, "google_npz": write_google_npz}
@@ -91,35 +100,65 @@ def _metadata(model: keras.Model, format: str, weights: str, preprocessing: Prep
     }
 
 
-def _check_target(directory: Path, overwrite: bool) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise FileExistsError(f"{directory} exists and is not a folder: choose another path.")
-    if directory.is_dir() and any(directory.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"{directory} exists and is not empty: choose another folder, or pass overwrite=True "
-            "(--overwrite) to replace it."
-        )
-
-
-def _write_folder(directory: Path, overwrite: bool, fill) -> None:
-    """Run `fill(staging)` in a new folder beside `directory`, then rename it into place."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+def _earlier_output(directory: Path) -> set[str]:
+    """The files an earlier `save_pretrained` wrote into `directory`: those its `keras_vit.json` names."""
     try:
-        fill(staging)
-        if directory.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=directory.parent))
-            os.replace(directory, old / "replaced")
-            try:
-                os.replace(staging, directory)
-            except OSError:
-                os.replace(old / "replaced", directory)  # put the old folder back
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        metadata = json.loads((directory / METADATA_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        metadata = None
+    if not isinstance(metadata, dict):  # none, or damaged: only the names keras_vit always writes
+        return {METADATA_FILE, CARD_FILE} if (directory / METADATA_FILE).is_file() else set()
+    named = set(metadata.get("files") or {}) | {metadata.get("weights")}
+    if metadata.get("format") in FORMATS:
+        named |= set(FORMATS[metadata["format"]].FILES)
+    return {name for name in named if isinstance(name, str) and name == os.path.basename(name)} | {
+        METADATA_FILE,
+        CARD_FILE,
+    }
+
+
+def _signed(metadata: dict) -> dict:
+    """`metadata` with the SHA-256 of its own content (`sha256`): an edit of any value is detected."""
+    content = {key: value for key, value in metadata.items() if key != "sha256"}
+    return {**content, "sha256": json_sha256(content)}
+
+
+def verify_shared(folder: str | os.PathLike, metadata: Mapping, *, complete: bool = True) -> None:
+    """`ChecksumError` naming the file unless `keras_vit.json` and the files it records are as written.
+
+    `complete`: every recorded file must be there (a local folder); else only those present
+    are checked (a Hub download holds the weights, not the format's other files). Metadata
+    from a keras_vit that recorded no checksums is loaded with a warning.
+    """
+    folder = Path(folder)
+    if "sha256" not in metadata:
+        warnings.warn(
+            f"{folder / METADATA_FILE} records no checksums (written by an older keras_vit): its files "
+            "are not verified.",
+            stacklevel=3,
+        )
+        return
+    edited = "pass verify=False (--no-verify) to load it as it is if you changed it on purpose"
+    if metadata["sha256"] != _signed(dict(metadata))["sha256"]:
+        raise ChecksumError(
+            f"{folder / METADATA_FILE} does not match its recorded SHA-256 checksum: it was edited or "
+            f"damaged. Write the folder again with keras_vit.save_pretrained, or {edited}."
+        )
+    for name, digest in (metadata.get("files") or {}).items():
+        path = folder / name
+        if name != os.path.basename(name):
+            raise ChecksumError(
+                f"{folder / METADATA_FILE} names {name!r}, which is not a file of the folder."
+            )
+        if not path.is_file():
+            if complete:
+                raise ChecksumError(f"{path} is missing: {METADATA_FILE} records it. Copy the whole folder.")
+            continue
+        if file_sha256(path) != digest:
+            raise ChecksumError(
+                f"{path} does not match the SHA-256 checksum {METADATA_FILE} records: it was changed or "
+                f"damaged. Write the folder again with keras_vit.save_pretrained, or {edited}."
+            )
 
 
 def save_pretrained(
@@ -136,22 +175,25 @@ def save_pretrained(
 
     Args:
         model: a keras_vit `ViT` (not quantized).
-        directory: the folder to write; it must not exist or be empty, unless `overwrite`.
+        directory: the folder to write into; its other files are kept.
         format: `"timm"`, `"hf"` (transformers) or `"google_npz"`.
         labels: class names in head order, default the catalog's (ImageNet-1k names for a
             1000-class model built from a tag), else none (`LABEL_i` in the transformers config).
         preprocessing: the model's `Preprocessing`, default `preprocessing_for(model)`.
         report: a training run's `report.json` (path or dict) for the model card.
-        overwrite: replace an existing non-empty folder.
+        overwrite: replace keras_vit's own earlier output in `directory` (the files an earlier
+            `save_pretrained` wrote there, listed in its `keras_vit.json`), and only that.
 
     Raises `NotExpressibleError` for a model the format cannot express, `FileExistsError` for
-    an existing folder, before anything is written.
+    earlier output without `overwrite` or a file of the same name that keras_vit did not
+    write, before anything is written. `keras_vit.json` records the SHA-256 of the files
+    written (all but the model card) and of itself, for `load_pretrained` to verify.
     """
     writer = _writer(format)
     check_writable(model, format)
     writer.check(model)
     directory = Path(directory)
-    _check_target(directory, overwrite)
+    names = {*writer.FILES, METADATA_FILE, CARD_FILE}
     labels = _labels(model, labels)
     preprocessing = preprocessing or preprocessing_for(model)
     run_report = _report(report)
@@ -159,11 +201,19 @@ def save_pretrained(
     def fill(staging: Path) -> None:
         weights = writer.write(model, staging, preprocessing, labels)
         metadata = _metadata(model, format, weights, preprocessing, labels)
-        (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2), encoding="utf-8")
         (staging / CARD_FILE).write_text(model_card(model, metadata, run_report), encoding="utf-8")
+        metadata["files"] = {name: file_sha256(staging / name) for name in sorted(writer.FILES)}
+        signed = _signed(metadata)
+        (staging / METADATA_FILE).write_text(json.dumps(signed, indent=2), encoding="utf-8")
 
-    _write_folder(directory, overwrite, fill)
-    return directory
+    return write_owned(
+        directory,
+        names,
+        fill,
+        earlier=_earlier_output(directory) if directory.is_dir() else (),
+        overwrite=overwrite,
+        last=METADATA_FILE,
+    )
 
 
 def push_to_hub(
@@ -229,18 +279,27 @@ def _not_shared(source: str | os.PathLike) -> str:
     )
 
 
-def load_pretrained(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> keras.Model:
+def load_pretrained(
+    source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None, verify: bool = True
+) -> keras.Model:
     """The model a `save_pretrained` folder or a `push_to_hub` repo (`"hf-hub:org/name"`) holds, exactly.
 
     Built from the recorded keras_vit config (architecture, numerics, pooling, head) and
     loaded from the format's weights file, by the build-with-checkpoint step of
-    `create_model(..., pretrained=)` (`keras_vit.models.build_with_checkpoint`).
+    `create_model(..., pretrained=)` (`keras_vit.models.build_with_checkpoint`). First the
+    SHA-256 checksums `keras_vit.json` records are verified (`verify_shared`): a changed file
+    is a `ChecksumError` naming it; `verify=False` loads files edited on purpose.
     """
     from keras_vit.models import build_with_checkpoint
 
     is_folder = not (isinstance(source, str) and source.startswith(HUB_PREFIX))
     if is_folder and not (Path(source).expanduser() / METADATA_FILE).is_file():
         raise FileNotFoundError(_not_shared(source))  # before reading: not a folder keras_vit wrote
+    if verify:
+        weights, metadata = read_shared(source, cache_dir=cache_dir)
+        if metadata is None:
+            raise FileNotFoundError(_not_shared(source))
+        verify_shared(Path(weights).parent, metadata, complete=is_folder)
     checkpoint = resolve_pretrained(source, cache_dir=cache_dir)
     if checkpoint.metadata is None:
         raise FileNotFoundError(_not_shared(source))

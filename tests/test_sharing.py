@@ -229,16 +229,18 @@ def test_bad_requests_write_nothing(tiny, tmp_path):
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="not empty.*overwrite=True"):
-        keras_vit.save_pretrained(tiny, occupied)
-    assert sorted(path.name for path in occupied.iterdir()) == ["notes.txt"]
-    keras_vit.save_pretrained(tiny, occupied, overwrite=True)
+    keras_vit.save_pretrained(tiny, occupied)  # beside the user's files, which are kept
     assert sorted(path.name for path in occupied.iterdir()) == [
         "README.md",
         "config.json",
         "keras_vit.json",
         "model.safetensors",
+        "notes.txt",
     ]
+    with pytest.raises(FileExistsError, match="already holds keras_vit output.*overwrite=True"):
+        keras_vit.save_pretrained(tiny, occupied)
+    keras_vit.save_pretrained(tiny, occupied, overwrite=True)
+    assert (occupied / "notes.txt").read_text() == "mine"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["occupied"]  # no staging folder left
     (tmp_path / "empty").mkdir()
     keras_vit.save_pretrained(tiny, tmp_path / "empty", "google_npz")  # an empty folder is fine
@@ -331,7 +333,7 @@ def test_cli_convert_to_each_format(tiny, tmp_path, capsys):
     )
     assert json.loads((out / "config.json").read_text())["id2label"]["0"] == "class_0"
     assert cli.main(arguments) == 1
-    assert "not empty" in capsys.readouterr().err
+    assert "already holds keras_vit output" in capsys.readouterr().err
     assert cli.main([*arguments, "--overwrite"]) == 0
 
     assert cli.main(["convert", str(out), str(tmp_path / "tiny_npz"), "--to", "google_npz"]) == 0
@@ -352,7 +354,9 @@ def test_cli_push_uses_the_run_folder(tiny, tmp_path, monkeypatch, capsys):
     tiny.save(run / "model.keras")
     (run / "labels.txt").write_text("\n".join(LABELS) + "\n")
     (run / "report.json").write_text(json.dumps({"accuracy": 0.75, "test_examples": 8}))
+    before = {path.name: path.read_bytes() for path in run.iterdir()}
     assert cli.main(["push", str(run / "model.keras"), "someone/run", "--format", "hf", "--private"]) == 0
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == before  # the run folder is only read
     assert f"commit/{COMMIT}" in capsys.readouterr().out
     assert calls["create_repo"][1]["private"] is True
     assert "library_name: transformers" in calls["card"] and "| accuracy | 0.75 |" in calls["card"]

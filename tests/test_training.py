@@ -14,6 +14,7 @@ from conftest import subprocess_env
 
 import keras_vit
 from keras_vit import recipes, runs, training
+from keras_vit.runs.backup import sign_state
 from keras_vit.variants import ViTConfig
 
 WORKER = os.path.join(os.path.dirname(__file__), "training_worker.py")
@@ -92,9 +93,9 @@ def test_backup_refuses_another_run(tmp_path):
     (tmp_path / "epoch-000002.weights.h5").write_bytes(b"weights")
     checksums = {"epoch-000002.weights.h5": runs.file_sha256(tmp_path / "epoch-000002.weights.h5")}
     state = {"epoch": 2, "weights": "epoch-000002.weights.h5", "sha256": checksums, "run": {"steps": 16}}
-    (tmp_path / "state.json").write_text(json.dumps(state))
+    (tmp_path / "state.json").write_text(json.dumps(sign_state(state)))
     assert runs.EpochBackup(tmp_path, {"steps": 16}).epoch == 2
-    with pytest.raises(ValueError, match=r"other arguments \(steps\)"):
+    with pytest.raises(ValueError, match=r"other arguments \(steps\).*--overwrite"):
         runs.EpochBackup(tmp_path, {"steps": 32})
 
 
@@ -238,6 +239,7 @@ def test_cli_train_sigkill_resume_is_bit_identical(tmp_path):
         env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert f"resuming the unfinished run in {resumed_dir} after epoch {killed_at}" in resumed.stderr
 
     first = json.loads((reference_dir / "report.json").read_text())
     second = json.loads((resumed_dir / "report.json").read_text())

@@ -106,11 +106,18 @@ def _convert_source(args):
     from keras_vit.sharing import METADATA_FILE
 
     if source.startswith("hf-hub:") or os.path.isfile(os.path.join(source, METADATA_FILE)):
-        return keras_vit.load_pretrained(source)
+        return keras_vit.load_pretrained(source, verify=args.verify)
     return keras_vit.create_model(args.model, source, **sizes)
 
 
 def run_convert(args) -> int:
+    from keras_vit.files import refuse_overlap, replace_file
+
+    refuse_overlap(args.output, [args.source, args.labels])  # before anything is read or written
+    if not args.to and os.path.isdir(args.output):
+        raise IsADirectoryError(f"{args.output} is a folder: give the .keras file to write, or --to FORMAT.")
+    if not args.to and os.path.exists(args.output) and not args.overwrite:
+        raise FileExistsError(f"{args.output} already exists: pass --overwrite to replace it.")
     model = _convert_source(args)
     if args.to:
         import keras_vit
@@ -122,9 +129,7 @@ def run_convert(args) -> int:
             f"wrote {args.output} ({model.name} in the {args.to} format, {model.count_params():,} parameters)"
         )
         return 0
-    if os.path.exists(args.output) and not args.overwrite:
-        raise FileExistsError(f"{args.output} already exists: pass --overwrite to replace it.")
-    model.save(args.output)
+    replace_file(args.output, model.save)
     print(
         f"wrote {args.output} ({model.name}, input {model.input_shape}, {model.count_params():,} parameters)"
     )
@@ -209,7 +214,12 @@ def _predict_saved_model(args) -> int:
 
 def run_export(args) -> int:
     import keras_vit
+    from keras_vit.files import refuse_overlap
 
+    written = args.export_dir
+    if args.format == "saved_model":
+        written = os.path.join(args.export_dir, str(args.version))  # what is written: one version folder
+    refuse_overlap(written, [args.model, args.labels])  # before anything is read or written
     labels_file = args.labels
     if args.model.endswith(".keras"):
         if args.weights is not None:

@@ -215,6 +215,12 @@ def _add_predict(subparsers) -> None:
     predict.set_defaults(run=commands.run_predict)
 
 
+_NO_VERIFY_HELP = (
+    "load a save_pretrained folder without checking the SHA-256 checksums in its keras_vit.json "
+    "(for files edited on purpose)"
+)
+
+
 def _add_convert(subparsers) -> None:
     """`convert`: a model written as .keras or a published format."""
     convert = subparsers.add_parser(
@@ -235,8 +241,12 @@ def _add_convert(subparsers) -> None:
     )
     convert.add_argument("--labels", help="with --to: a text file of class names, one per line in head order")
     convert.add_argument(
-        "--overwrite", action="store_true", help="replace an existing file or non-empty folder"
+        "--overwrite",
+        action="store_true",
+        help="replace keras_vit's own earlier output there (the .keras file, or the files an earlier "
+        "--to wrote into the folder); the folder's other files are kept",
     )
+    convert.add_argument("--no-verify", dest="verify", action="store_false", help=_NO_VERIFY_HELP)
     convert.add_argument("--model", default="vit_b16")
     convert.add_argument("--weights", type=checkpoint_flag, default=True, help=_WEIGHTS_HELP)
     convert.add_argument(
@@ -267,6 +277,7 @@ def _add_push(subparsers) -> None:
     push.add_argument("--labels", help="a text file of class names, one per line in head order")
     push.add_argument("--report", help="a training run's report.json for the model card")
     push.add_argument("--private", action="store_true", help="create the repo private")
+    push.add_argument("--no-verify", dest="verify", action="store_false", help=_NO_VERIFY_HELP)
     push.set_defaults(run=commands.run_push, image_size=None, num_classes=None)
 
 
@@ -341,7 +352,11 @@ def _add_export(subparsers) -> None:
         help=_MAX_PIXELS_HELP.replace("an image", "an image sent to serving_bytes"),
     )
     export.add_argument("--no-warmup", action="store_true", help="no TF Serving warm-up requests")
-    export.add_argument("--overwrite", action="store_true", help="replace an existing version")
+    export.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace keras_vit's own earlier export of this version (or file); nothing else is touched",
+    )
     export.set_defaults(run=commands.run_export)
 
 

@@ -30,6 +30,8 @@ from keras_vit.preprocessing import Preprocessing
 
 NAME = "google_npz"
 WEIGHTS_FILE = "model.npz"
+# What `write` writes: save_pretrained replaces only these (and its own keras_vit.json, README.md).
+FILES = (WEIGHTS_FILE,)
 
 
 def check(model: keras.Model) -> None:

@@ -32,6 +32,8 @@ from keras_vit.preprocessing import Preprocessing
 
 NAME = "hf"
 WEIGHTS_FILE = "model.safetensors"
+# What `write` writes: save_pretrained replaces only these (and its own keras_vit.json, README.md).
+FILES = (WEIGHTS_FILE, "config.json", "preprocessor_config.json")
 _PREFIX = "vit."
 _HEAD_KEYS = ("classifier.weight", "classifier.bias")
 

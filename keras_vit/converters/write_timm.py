@@ -34,6 +34,8 @@ from keras_vit.preprocessing import Preprocessing
 
 NAME = "timm"
 WEIGHTS_FILE = "model.safetensors"
+# What `write` writes: save_pretrained replaces only these (and its own keras_vit.json, README.md).
+FILES = (WEIGHTS_FILE, "config.json")
 # keras_vit variant -> timm's registered model of the same architecture at 224 px (model_args set every
 # size anyway; the tests build their timm references from it).
 TIMM_ARCHITECTURES = {

@@ -1,13 +1,12 @@
 """Exact resume: the complete training state backed up after every epoch, atomically and checksummed.
 
-`EpochBackup` (a Keras callback) writes and restores the backup; `write_json` and
-`file_sha256` are the atomic writer and checksum it (and the report) use; `remove_backup`
-clears a finished run's backup.
+`EpochBackup` (a Keras callback) writes and restores the backup; `write_json` is the atomic
+writer it (and the report) use, `keras_vit.files` the checksums; `remove_backup` clears a
+finished run's backup.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
@@ -15,20 +14,36 @@ import warnings
 import keras
 import numpy as np
 
-__all__ = ["EpochBackup", "file_sha256", "fsync", "remove_backup", "write_json"]
+from keras_vit.files import file_sha256, json_sha256
+
+__all__ = ["BackupMismatchError", "EpochBackup", "file_sha256", "fsync", "remove_backup", "write_json"]
+
+STATE_CHECKSUM = "state_sha256"
+
+
+class BackupMismatchError(ValueError):
+    """The folder holds the backup of a run with other arguments."""
+
+
+def sign_state(state: dict) -> dict:
+    """`state` with the SHA-256 of its own content (`state_sha256`): an edited state file is detected."""
+    content = {key: value for key, value in state.items() if key != STATE_CHECKSUM}
+    return {**content, STATE_CHECKSUM: json_sha256(content)}
 
 
 class EpochBackup(keras.callbacks.Callback):
     """Saves the whole training state after every epoch, atomically, checksummed, and restores it.
 
     `backup_dir/state.json` names the epoch and its weights file (`model.save_weights`
-    format: model and optimizer variables, EMA averages included) with the file's SHA-256, and
+    format: model and optimizer variables, EMA averages included) with the file's SHA-256,
     holds the seed-generator states (dropout, stochastic depth: not in the weights file) and
-    the per-epoch logs. Each file is written under a temporary name and renamed, the state file
-    last: a kill at any point leaves the previous complete backup. The backup before it is kept
-    too (`state-previous.json` and its weights file). On resume each state is verified (its
-    JSON, its weights' checksum): a damaged latest backup is reported by file name and the
-    previous one used; if none is intact the run stops with an error that says what to do.
+    the per-epoch logs, and records the SHA-256 of its own content (`sign_state`). Each file
+    is written under a temporary name and renamed, the state file last: a kill at any point
+    leaves the previous complete backup. The backup before it is kept too
+    (`state-previous.json` and its weights file). On resume each state is verified (its JSON,
+    its own checksum, its weights' checksum): a damaged or edited latest backup is reported
+    by file name and the previous one used; if none is intact the run stops with an error
+    that says what to do.
     The training driver reads `epoch` before `fit` (to start the input stream there and pass
     `initial_epoch`); `on_train_begin` restores.
     """
@@ -48,11 +63,13 @@ class EpochBackup(keras.callbacks.Callback):
                 for key in set(self.run) | set(self.state.get("run", {}))
                 if self.run.get(key) != self.state.get("run", {}).get(key)
             )
-            raise ValueError(
-                f"{self.backup_dir} holds the backup of a run with other arguments ({', '.join(changed)}): "
-                "resume with the same arguments, or use another output directory."
+            raise BackupMismatchError(
+                f"{self.backup_dir} holds the backup of an unfinished run with other arguments "
+                f"({', '.join(changed)}): resume it with the same arguments, use another output directory, "
+                "or pass overwrite=True (--overwrite) to discard it and start over."
             )
-        self.history: dict[str, list[float]] = dict(self.state.get("history", {}))
+        # Copied: the state stays as read (it becomes the previous backup, checksummed).
+        self.history = {key: list(values) for key, values in self.state.get("history", {}).items()}
 
     @property
     def epoch(self) -> int:
@@ -103,6 +120,8 @@ class EpochBackup(keras.callbacks.Callback):
             and all(isinstance(state.get(key, {}), dict) for key in ("seed_states", "history", "run"))
         ):
             return "is not a backup state (epoch, weights file, checksums)", {}
+        if state.get(STATE_CHECKSUM) != sign_state(state)[STATE_CHECKSUM]:
+            return "does not match its own SHA-256 checksum (edited or damaged)", {}
         for name, digest in checksums.items():
             file_path = os.path.join(self.backup_dir, name)
             if not os.path.isfile(file_path):
@@ -148,18 +167,20 @@ class EpochBackup(keras.callbacks.Callback):
         self.model.save_weights(temporary, overwrite=True)
         fsync(temporary)
         os.replace(temporary, os.path.join(self.backup_dir, name))
-        state = {
-            "epoch": epoch + 1,
-            "weights": name,
-            "sha256": {name: file_sha256(os.path.join(self.backup_dir, name))},
-            "steps": int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)),
-            "seed_states": {
-                path: keras.ops.convert_to_numpy(variable).tolist()
-                for path, variable in self._seed_variables().items()
-            },
-            "history": self.history,
-            "run": self.run,
-        }
+        state = sign_state(
+            {
+                "epoch": epoch + 1,
+                "weights": name,
+                "sha256": {name: file_sha256(os.path.join(self.backup_dir, name))},
+                "steps": int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)),
+                "seed_states": {
+                    path: keras.ops.convert_to_numpy(variable).tolist()
+                    for path, variable in self._seed_variables().items()
+                },
+                "history": self.history,
+                "run": self.run,
+            }
+        )
         keep = {name}
         if self.state:  # the last backup becomes the previous one, kept in case the new one is damaged
             write_json(os.path.join(self.backup_dir, self.PREVIOUS), self.state)
@@ -169,12 +190,6 @@ class EpochBackup(keras.callbacks.Callback):
         for entry in os.listdir(self.backup_dir):
             if entry.endswith(".weights.h5") and entry not in keep:
                 os.remove(os.path.join(self.backup_dir, entry))
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file's bytes, hex."""
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def fsync(path: str) -> None:

@@ -17,8 +17,10 @@ final metrics.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -30,10 +32,11 @@ import tensorflow as tf
 
 from keras_vit import data, environment
 from keras_vit.defaults import LABELS_FILE
+from keras_vit.files import RunLock, refuse_overlap, replace_file
 from keras_vit.options import RunOptions
 from keras_vit.preprocessing import write_labels
 from keras_vit.recipes import Recipe
-from keras_vit.runs.backup import EpochBackup, remove_backup, write_json
+from keras_vit.runs.backup import BackupMismatchError, EpochBackup, remove_backup, write_json
 from keras_vit.runs.plan import execution_steps, plan_steps
 from keras_vit.runs.report import now, resolve_paths, run_report
 from keras_vit.runs.strategy import describe_distribution, is_chief, start_run, worker_dir
@@ -45,12 +48,18 @@ __all__ = [
     "Task",
     "fit_checked",
     "fit_task",
+    "open_run_folder",
     "tensorboard_callbacks",
     "verbosity",
 ]
 
 # Options that do not change the run's results: a resumed run may change them.
-_FREE_ON_RESUME = ("strategy", "verbose", "steps_per_execution")
+_FREE_ON_RESUME = ("strategy", "verbose", "steps_per_execution", "overwrite")
+# Arguments that may name an input file or folder: the output folder must not hold them.
+_INPUT_ARGUMENTS = ("dataset", "pretrained")
+REPORT_FILE = "report.json"
+# What TensorBoard writes under output_dir/logs: a replaced run's logs are removed, not mixed.
+_LOG_FOLDERS = ("train", "validation")
 
 
 def tensorboard_callbacks(log_dir: str) -> list[keras.callbacks.Callback]:
@@ -110,6 +119,70 @@ class Task(Protocol):
     def sources(self) -> list[data.Source]: ...
 
 
+def _say(message: str) -> None:
+    print(f"keras_vit: {message}", file=sys.stderr)
+
+
+def _finished_outputs(output_dir: str, saved_file: str) -> list[str]:
+    """The files of a finished run in `output_dir` (a failed run's report does not count)."""
+    found = [
+        name
+        for name in (saved_file, REPORT_FILE, LABELS_FILE)
+        if os.path.isfile(os.path.join(output_dir, name))
+    ]
+    if found == [REPORT_FILE]:
+        try:
+            with open(os.path.join(output_dir, REPORT_FILE), encoding="utf-8") as file:
+                if json.load(file).get("status") == "failed":
+                    return []
+        except (OSError, ValueError, AttributeError):
+            pass
+    return found
+
+
+def open_run_folder(
+    output_dir: str, backup_dir: str, saved_file: str, run: dict, overwrite: bool, chief: bool
+) -> EpochBackup:
+    """Decide what a run does with its folder, say it, and return its backup.
+
+    An unfinished run's backup made with the same `run` arguments: resume it. One made with
+    other arguments: refused, or with `overwrite` discarded. No backup but a finished run's
+    files (`saved_file`, report.json, labels.txt): refused, or with `overwrite` those files and
+    its TensorBoard logs are removed first. The folder's other files are never touched.
+    """
+    try:
+        backup = EpochBackup(backup_dir, run)
+    except BackupMismatchError:
+        if not overwrite:
+            raise
+        remove_backup(backup_dir)
+        if chief:
+            _say(f"discarded the unfinished run's backup in {backup_dir} (other arguments; overwrite).")
+        backup = EpochBackup(backup_dir, run)
+    if backup.epoch:
+        if chief:
+            _say(f"resuming the unfinished run in {output_dir} after epoch {backup.epoch} (its backup).")
+        return backup
+    finished = _finished_outputs(output_dir, saved_file) if chief else []
+    if finished and not overwrite:
+        raise FileExistsError(
+            f"{output_dir} holds a finished run ({', '.join(finished)}): choose another output folder, or "
+            "pass overwrite=True (--overwrite) to replace its model, report and logs."
+        )
+    if finished:
+        for name in finished:
+            os.remove(os.path.join(output_dir, name))
+        for name in _LOG_FOLDERS:
+            shutil.rmtree(os.path.join(output_dir, "logs", name), ignore_errors=True)
+        _say(
+            f"replacing the finished run in {output_dir} (overwrite): removed {', '.join(finished)} "
+            "and its logs."
+        )
+    elif chief:
+        _say(f"starting a new run in {output_dir}.")
+    return backup
+
+
 @dataclass
 class RunResult:
     """What `fit_task` returns: the trained Keras model and the report it wrote (`report.json`)."""
@@ -134,12 +207,45 @@ def fit_task(
     `execution_steps`; results are the same for any value, so resuming may change it),
     TensorBoard logs and progress, and a report with the task's metrics, timings, versions
     and the arguments.
+
+    The output folder is locked while the run writes to it (`keras_vit.files.RunLock`: a
+    second run there stops with an error naming the first one's process) and must not hold
+    the data or the checkpoint; what the run does with what the folder holds (resume, start,
+    refuse, replace with `overwrite`) is `open_run_folder`'s decision, printed to stderr.
     """
     environment.require_tensorflow_backend("The training driver (keras_vit.training, keras_vit.pretrain)")
     options.check()  # every value before anything runs: NaN or 0 never reach the plan
-    batch_size, precision, seed = options.batch_size, options.precision, options.seed
     run_started, started_at = time.perf_counter(), now()
-    strategy = start_run(options.strategy, precision, batch_size, seed)
+    strategy = start_run(options.strategy, options.precision, options.batch_size, options.seed)
+    output_dir = os.fspath(options.output_dir)
+    chief = is_chief(strategy)
+    backup_dir = worker_dir(os.path.join(output_dir, "backup"), strategy)
+    refuse_overlap(output_dir, [arguments.get(name) for name in _INPUT_ARGUMENTS])
+    with RunLock(output_dir if chief else backup_dir):  # released however the run ends
+        run = {key: value for key, value in arguments.items() if key not in _FREE_ON_RESUME}
+        backup = open_run_folder(
+            output_dir, backup_dir, task.saved_file, resolve_paths(run), options.overwrite, chief
+        )
+        result = _fit(task, arguments, options, callbacks, strategy, backup, timing=(run_started, started_at))
+    if not chief:
+        remove_backup(backup_dir)  # the worker's lock file was in it
+    return result
+
+
+def _fit(
+    task: Task,
+    arguments: dict,
+    options: RunOptions,
+    callbacks: Sequence[keras.callbacks.Callback],
+    strategy,
+    backup: EpochBackup,
+    timing: tuple[float, str],
+) -> RunResult:
+    """`fit_task` once the run folder is locked and its backup read (`timing`: the run's start)."""
+    batch_size, precision, seed = options.batch_size, options.precision, options.seed
+    run_started, started_at = timing
+    output_dir = os.fspath(options.output_dir)
+    chief = is_chief(strategy)
     jit_compile = options.jit_compile
     if jit_compile == "auto":
         jit_compile = strategy.num_replicas_in_sync == 1
@@ -153,10 +259,6 @@ def fit_task(
     steps_per_execution = execution_steps(
         steps_per_epoch, options.steps_per_execution, strategy.num_replicas_in_sync
     )
-    output_dir = os.fspath(options.output_dir)
-    chief = is_chief(strategy)
-    run = {key: value for key, value in arguments.items() if key not in _FREE_ON_RESUME}
-    backup = EpochBackup(worker_dir(os.path.join(output_dir, "backup"), strategy), resolve_paths(run))
     start_epoch = min(backup.epoch, fit_epochs)
 
     previous_policy = keras.config.dtype_policy()
@@ -213,12 +315,12 @@ def fit_task(
         report["labels_file"] = LABELS_FILE
     if chief:
         os.makedirs(output_dir, exist_ok=True)
-        saved.save(os.path.join(output_dir, task.saved_file))
+        replace_file(os.path.join(output_dir, task.saved_file), saved.save)
         if class_names:
             write_labels(os.path.join(output_dir, LABELS_FILE), class_names)
     report.update(finished_at=now(), wall_seconds=round(time.perf_counter() - run_started, 3))
     if chief:
-        write_json(os.path.join(output_dir, "report.json"), report)
+        write_json(os.path.join(output_dir, REPORT_FILE), report)
     remove_backup(backup.backup_dir)
     return RunResult(network, report)
 
@@ -267,7 +369,7 @@ def fit_checked(
     except NonFiniteLossError as error:
         os.makedirs(output_dir, exist_ok=True)
         write_json(
-            os.path.join(output_dir, "report.json"),
+            os.path.join(output_dir, REPORT_FILE),
             {"status": "failed", "error": str(error), "finished_at": None, "arguments": arguments},
         )
         raise

@@ -1,0 +1,347 @@
+"""Nothing of the user's is lost, no edited file taken for a good one: owned writes, run lock, checksums.
+
+Every writer (`save_pretrained`, `keras-vit convert`, `export`, the training driver) replaces
+only its own earlier output and refuses an output that holds its input; a run folder is locked
+while a run writes to it (tested with a real second process, and one killed by SIGKILL);
+backups and `save_pretrained` folders record SHA-256 checksums that are verified on reading.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+from conftest import subprocess_env
+
+import keras_vit
+from keras_vit import cli, runs, training
+from keras_vit.files import (
+    LOCK_FILE,
+    ChecksumError,
+    RunInUseError,
+    RunLock,
+    json_sha256,
+    refuse_overlap,
+    write_owned,
+)
+from keras_vit.runs.backup import BackupMismatchError, sign_state
+from keras_vit.runs.driver import open_run_folder
+from keras_vit.variants import ViTConfig
+
+TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
+RUN_TINY = ViTConfig(
+    "vit_tiny_test", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=16
+)
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = keras_vit.build_vit(TINY, num_classes=5, classifier_activation=None)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(0, 0.1, variable.shape).astype("float32"))
+    return model
+
+
+def _names(folder) -> list[str]:
+    return sorted(os.listdir(folder))
+
+
+def _fill(contents: dict[str, str]):
+    def fill(staging):
+        for name, text in contents.items():
+            (staging / name).write_text(text)
+
+    return fill
+
+
+# ---- owned writes -----------------------------------------------------------------------------
+
+
+def test_write_owned_replaces_only_its_own_files(tmp_path):
+    new = tmp_path / "new"
+    write_owned(new, {"a", "b"}, _fill({"a": "1", "b": "1"}))
+    assert _names(new) == ["a", "b"] and _names(tmp_path) == ["new"]  # renamed into place, no staging
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("user")
+    (folder / "sub").mkdir()
+    write_owned(folder, {"a", "b"}, _fill({"a": "1", "b": "1"}))
+    with pytest.raises(FileExistsError, match=r"already holds keras_vit output \(a, b\).*overwrite=True"):
+        write_owned(folder, {"a"}, _fill({"a": "2"}), earlier={"a", "b"})
+    # overwrite: its own files replaced, the one no longer written removed, the user's kept
+    write_owned(folder, {"a", "c"}, _fill({"a": "2", "c": "2"}), earlier={"a", "b"}, overwrite=True, last="a")
+    assert _names(folder) == ["a", "c", "notes.txt", "sub"]
+    assert (folder / "a").read_text() == "2" and (folder / "notes.txt").read_text() == "user"
+    # a file of a name it writes that it did not write is refused, even with overwrite
+    with pytest.raises(FileExistsError, match=r"already has notes\.txt, not written by keras_vit"):
+        write_owned(folder, {"notes.txt"}, _fill({"notes.txt": "x"}), earlier={"a"}, overwrite=True)
+    assert (folder / "notes.txt").read_text() == "user"
+
+    (tmp_path / "file").write_text("user")
+    with pytest.raises(FileExistsError, match="is not a folder"):
+        write_owned(tmp_path / "file", {"a"}, _fill({"a": "1"}))
+
+
+def test_refuse_overlap(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.keras").write_text("model")
+    with pytest.raises(ValueError, match=r"The output .*run holds the input .*model\.keras"):
+        refuse_overlap(run, [run / "model.keras"])
+    with pytest.raises(ValueError, match=r"The output .*model\.keras is the input"):
+        refuse_overlap(str(run) + "/./model.keras", [run / "model.keras"])
+    refuse_overlap(tmp_path / "out", [run / "model.keras", None, "vit_b16", tmp_path / "missing"])
+    refuse_overlap(tmp_path / "ru", [run / "model.keras"])  # a name prefix is no parent folder
+
+
+def test_json_checksum_ignores_spelling_not_values():
+    assert json_sha256({"b": 1, "a": [1.5]}) == json_sha256(json.loads('{"a": [1.5],  "b": 1}'))
+    assert json_sha256({"num_heads": 2}) != json_sha256({"num_heads": 4})
+
+
+# ---- the run lock -----------------------------------------------------------------------------
+
+_HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from keras_vit.files import RunLock
+    RunLock(sys.argv[1]).acquire()
+    print("locked", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _hold_lock(folder) -> subprocess.Popen:
+    """A second process that takes the run lock on `folder` and keeps it until killed."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(folder)], env=subprocess_env(), stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_run_lock_names_the_holder_and_is_taken_over_after_sigkill(tmp_path):
+    folder = tmp_path / "run"
+    holder = _hold_lock(folder)
+    try:
+        with pytest.raises(
+            RunInUseError, match=rf"{folder} is in use by another training run \(pid {holder.pid} on "
+        ):
+            RunLock(folder).acquire()
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait(timeout=TIMEOUT) == -signal.SIGKILL
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    assert (folder / LOCK_FILE).exists()  # the dead run's lock file, no longer locked
+    with RunLock(folder):
+        record = json.loads((folder / LOCK_FILE).read_text())
+        assert record["pid"] == os.getpid()
+        with pytest.raises(RunInUseError, match=rf"pid {os.getpid()}"):
+            RunLock(folder).acquire()
+    assert _names(folder) == []  # the lock file goes with the run
+
+
+def test_training_refuses_a_locked_run_folder(tmp_path):
+    folder = tmp_path / "run"
+    holder = _hold_lock(folder)
+    try:
+        with pytest.raises(RunInUseError, match=rf"in use by another training run \(pid {holder.pid} "):
+            training.train(RUN_TINY, output_dir=folder, steps=2, batch_size=32, verbose=0)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _names(folder) == [LOCK_FILE]  # nothing written
+
+
+# ---- the training run folder ------------------------------------------------------------------
+
+
+def _backup_of(folder, run: dict, epoch: int = 2) -> None:
+    """A valid backup state of `run` after `epoch` (its weights file a stand-in)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"epoch-{epoch:06d}.weights.h5"
+    (folder / name).write_bytes(b"weights")
+    state = {"epoch": epoch, "weights": name, "sha256": {name: runs.file_sha256(folder / name)}, "run": run}
+    (folder / "state.json").write_text(json.dumps(sign_state(state)))
+
+
+def test_run_folder_resumes_refuses_or_discards_an_unfinished_run(tmp_path, capsys):
+    output, backup = tmp_path / "run", tmp_path / "run" / "backup"
+    _backup_of(backup, {"steps": 16})
+    assert open_run_folder(str(output), str(backup), "model.keras", {"steps": 16}, False, True).epoch == 2
+    assert "resuming the unfinished run in" in capsys.readouterr().err
+    with pytest.raises(BackupMismatchError, match=r"other arguments \(steps\).*--overwrite"):
+        open_run_folder(str(output), str(backup), "model.keras", {"steps": 32}, False, True)
+    assert open_run_folder(str(output), str(backup), "model.keras", {"steps": 32}, True, True).epoch == 0
+    assert "discarded the unfinished run's backup" in capsys.readouterr().err
+    assert not backup.exists()
+
+
+def test_backup_with_an_edited_state_is_treated_as_damaged(tmp_path):
+    run = {"steps": 16}
+    _backup_of(tmp_path, run, epoch=3)
+    state = json.loads((tmp_path / "state.json").read_text())
+    (tmp_path / "state.json").write_text(json.dumps({**state, "epoch": 5}))  # valid JSON, hand-edited
+    with pytest.raises(ValueError, match=r"state\.json does not match its own SHA-256 checksum \(edited"):
+        runs.EpochBackup(tmp_path, run)
+    _backup_of(tmp_path / "with_previous", run, epoch=3)
+    previous = json.loads((tmp_path / "with_previous" / "state.json").read_text())
+    (tmp_path / "with_previous" / "state-previous.json").write_text(json.dumps(previous))
+    (tmp_path / "with_previous" / "state.json").write_text(json.dumps({**previous, "epoch": 5}))
+    with pytest.warns(UserWarning, match=r"Damaged backup ignored: .*state\.json does not match its own"):
+        assert runs.EpochBackup(tmp_path / "with_previous", run).epoch == 3
+
+
+@pytest.mark.slow
+def test_training_never_replaces_a_finished_run_unless_asked(tmp_path, capsys):
+    output = tmp_path / "run"
+    output.mkdir()
+    (output / "notes.txt").write_text("user")
+    arguments = dict(output_dir=output, steps=2, steps_per_epoch=1, batch_size=32, verbose=0)
+    training.train(RUN_TINY, **arguments)
+    assert "starting a new run in" in capsys.readouterr().err
+    finished = {name: (output / name).read_bytes() for name in ("model.keras", "report.json", "labels.txt")}
+    with pytest.raises(
+        FileExistsError,
+        match=r"holds a finished run \(model\.keras, report\.json, labels\.txt\).*--overwrite",
+    ):
+        training.train(RUN_TINY, **arguments)
+    assert all((output / name).read_bytes() == data for name, data in finished.items())
+    events = sorted((output / "logs" / "train").iterdir())
+    command = [
+        "train", "--output-dir", str(output), "--steps", "2", "--steps-per-epoch", "1", "--batch-size", "32",
+        "--verbose", "0", "--patch-size", "8", "--hidden-size", "32", "--depth", "2", "--heads", "2",
+        "--mlp-dim", "64", "--image-size", "16",
+    ]  # fmt: skip
+    assert cli.main(command) == 1
+    assert "holds a finished run" in capsys.readouterr().err
+    assert cli.main([*command, "--overwrite"]) == 0
+    assert "replacing the finished run in" in capsys.readouterr().err
+    assert (output / "notes.txt").read_text() == "user"
+    assert not set(events) & set((output / "logs" / "train").iterdir())  # the old run's logs are gone
+    assert sorted(_names(output)) == ["labels.txt", "logs", "model.keras", "notes.txt", "report.json"]
+
+
+def test_training_output_folder_that_is_a_file(tmp_path):
+    (tmp_path / "run").write_text("user")
+    with pytest.raises(NotADirectoryError, match=r"The output folder .*run is a file: give a folder"):
+        training.train(RUN_TINY, output_dir=tmp_path / "run", steps=2, batch_size=32, verbose=0)
+    assert (tmp_path / "run").read_text() == "user"
+
+
+def test_training_output_must_not_hold_the_data(tmp_path):
+    images = tmp_path / "images"
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            (images / split / label).mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"The output .* holds the input .*images"):
+        training.train(RUN_TINY, images, output_dir=tmp_path, steps=1, batch_size=2, verbose=0)
+
+
+# ---- save_pretrained / load_pretrained --------------------------------------------------------
+
+
+def test_save_pretrained_replaces_only_its_own_earlier_output(tiny, tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("user")
+    (folder / "data").mkdir()
+    keras_vit.save_pretrained(tiny, folder, "hf")
+    keras_vit.save_pretrained(tiny, folder, "google_npz", overwrite=True)  # the hf files are its own
+    assert _names(folder) == ["README.md", "data", "keras_vit.json", "model.npz", "notes.txt"]
+    keras_vit.load_pretrained(folder)
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "README.md").write_text("the user's own")
+    with pytest.raises(FileExistsError, match=r"already has README\.md, not written by keras_vit"):
+        keras_vit.save_pretrained(tiny, theirs, overwrite=True)
+    assert _names(theirs) == ["README.md"]
+
+
+def test_save_pretrained_records_checksums_and_load_verifies_them(tiny, tmp_path):
+    folder = keras_vit.save_pretrained(tiny, tmp_path / "shared")
+    metadata = json.loads((folder / "keras_vit.json").read_text())
+    assert sorted(metadata["files"]) == ["config.json", "model.safetensors"]
+    assert metadata["files"]["model.safetensors"] == runs.file_sha256(folder / "model.safetensors")
+
+    # a num_heads edit that keeps every shape: caught by the metadata's own checksum
+    edited = json.loads(json.dumps(metadata))
+    edited["model"]["config"]["num_heads"] = 4
+    (folder / "keras_vit.json").write_text(json.dumps(edited, indent=2))
+    with pytest.raises(
+        ChecksumError, match=r"keras_vit\.json does not match its recorded SHA-256 .*verify=False"
+    ):
+        keras_vit.load_pretrained(folder)
+    assert keras_vit.load_pretrained(folder, verify=False).config.num_heads == 4  # the opt-out
+    (folder / "keras_vit.json").write_text(json.dumps(metadata))  # back as written (spacing aside)
+    keras_vit.load_pretrained(folder)
+
+    # one weight value changed
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-8] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ChecksumError, match=r"model\.safetensors does not match the SHA-256 checksum"):
+        keras_vit.load_pretrained(folder)
+    assert cli.main(["convert", str(folder), str(tmp_path / "out.keras")]) == 1
+    assert cli.main(["convert", str(folder), str(tmp_path / "out.keras"), "--no-verify"]) == 0
+
+    os.remove(folder / "config.json")
+    with pytest.raises(ChecksumError, match=r"config\.json is missing"):
+        keras_vit.load_pretrained(folder)
+
+
+# ---- convert and export -----------------------------------------------------------------------
+
+
+def test_cli_convert_refuses_an_output_holding_its_input(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    tiny.save(run / "model.keras")
+    (run / "report.json").write_text("{}")
+    (run / "labels.txt").write_text("\n".join(f"c{index}" for index in range(5)))
+    before = _names(run)
+    assert cli.main(["convert", str(run / "model.keras"), str(run), "--to", "timm", "--overwrite"]) == 1
+    assert "holds the input" in capsys.readouterr().err
+    assert cli.main(["convert", str(run / "model.keras"), str(run / "model.keras"), "--overwrite"]) == 1
+    assert "is the input" in capsys.readouterr().err
+    assert _names(run) == before
+
+
+def test_export_replaces_only_an_earlier_export(tiny, tmp_path, capsys):
+    export_dir = tmp_path / "exports"
+    (export_dir / "1").mkdir(parents=True)
+    (export_dir / "1" / "notes.txt").write_text("user")
+    with pytest.raises(
+        FileExistsError, match=r"is not a SavedModel \(overwrite replaces only an earlier export\)"
+    ):
+        keras_vit.export_serving(tiny, export_dir, overwrite=True, warmup=False)
+    assert (export_dir / "1" / "notes.txt").read_text() == "user"
+    tiny.save(export_dir / "1" / "model.keras")
+    command = ["export", str(export_dir), "--model", str(export_dir / "1" / "model.keras")]
+    assert cli.main([*command, "--overwrite", "--no-warmup"]) == 1
+    assert "holds the input" in capsys.readouterr().err
+
+
+def test_keras_model_stays_loadable(tiny, tmp_path):
+    """`convert` to .keras writes the file atomically (a temporary name renamed onto it)."""
+    folder = keras_vit.save_pretrained(tiny, tmp_path / "shared")
+    assert cli.main(["convert", str(folder), str(tmp_path / "again.keras")]) == 0
+    assert _names(tmp_path) == ["again.keras", "shared"]
+    images = np.random.default_rng(1).normal(size=(2, 32, 32, 3)).astype("float32")
+    again = keras_vit.load_model(tmp_path / "again.keras")
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(again(images)), keras.ops.convert_to_numpy(tiny(images))
+    )
