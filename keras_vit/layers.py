@@ -6,6 +6,8 @@ Every layer computes with `keras.ops`, creates its sublayers with its own dtype 
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import numpy as np
 from keras import ops
@@ -343,7 +345,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
       flash attention refuses ViT token counts (50, 197, 577) when training, not 256 or 640.
       Off a GPU the same padding and masks run through XLA's kernel (JAX) or a key mask
       (other backends): equal to `"plain"`, which is how it is tested on a CPU;
-    * `"auto"` (default): per backend, device, compute dtype and mode, `ATTENTION_POLICY`.
+    * `"auto"` (default): per backend, device, compute dtype and mode, `ATTENTION_POLICY`. On
+      JAX on a GPU in half precision an inference call runs cuDNN unpadded: gradients through it
+      (e.g. saliency maps of a model called with `training=False`) need cuDNN's training kernel,
+      which refuses ViT token counts; use `"fused_padded"` for those.
 
     Returning the scores (inspection) and attention dropout while training always take
     `"plain"`. `dropout` is attention dropout (on the probabilities).
@@ -483,6 +488,7 @@ def _checked_implementation(implementation: str) -> str:
     return implementation
 
 
+@functools.cache
 def _device() -> str:
     """`"gpu"`, `"tpu"` or `"cpu"`: where this backend computes (JAX: its default backend; torch: CUDA)."""
     backend = keras.backend.backend()

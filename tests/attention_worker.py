@@ -7,8 +7,8 @@ For every token count and attention implementation ("fused", "fused_padded"), a
 random projection of them (with respect to the tokens and every weight), in inference and in
 training mode, next to a "plain" layer with the same weights. Float32, and on JAX matmul precision
 "highest". Writes per case the largest absolute differences from the plain layer and the fused
-op calls seen (a spy on `jax.nn.dot_product_attention` or `keras.ops.dot_product_attention`:
-the kernel, and the padded token count).
+op calls seen (a spy on `jax.nn.dot_product_attention`, PyTorch's `scaled_dot_product_attention`
+or, on TensorFlow, `keras.ops.dot_product_attention`: the kernel, and the padded token count).
 """
 
 import json
@@ -38,6 +38,14 @@ if BACKEND == "jax":
         return _jax_attention(query, *args, **kwargs)
 
     jax.nn.dot_product_attention = _spy
+elif BACKEND == "torch":  # Keras's op must reach PyTorch's fused kernel; (batch, heads, tokens, dim) there
+    _sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def _spy(query, *args, **kwargs):
+        CALLS.append({"kernel": "sdpa", "tokens": int(query.shape[2])})
+        return _sdpa(query, *args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = _spy
 else:
     _keras_attention = keras.ops.dot_product_attention
 

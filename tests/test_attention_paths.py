@@ -64,7 +64,7 @@ def test_fused_attention_values_and_gradients_equal_plain(backend, tmp_path):
         # The fused op ran once per call, on the padded tokens where asked.
         padded = math.ceil(case["length"] / ATTENTION_PADDING_MULTIPLE) * ATTENTION_PADDING_MULTIPLE
         tokens = padded if case["implementation"] == "fused_padded" else case["length"]
-        kernel = "xla" if backend == "jax" else "keras"
+        kernel = {"jax": "xla", "torch": "sdpa"}.get(backend, "keras")
         assert case["calls"] == [{"kernel": kernel, "tokens": tokens}], what
 
 

@@ -34,6 +34,11 @@ if [[ "${1:-}" == "--rehearse" ]]; then
     ARGS=(--tiny --budget "${BUDGET:-300}")
 else
     if ! "$PYTHON" -c "import keras" 2>/dev/null; then
+        if ! ls .whl/keras-*.whl >/dev/null 2>&1; then
+            echo "No Keras here and no wheels in .whl/: run 'bash benchmarks/gpu/run_gpu.sh prepare' on a" \
+                "machine with PyPI and carry .whl along." >&2
+            exit 2
+        fi
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target .site .whl/*.whl
     fi
     export PYTHONPATH=$ROOT/.site:$ROOT
