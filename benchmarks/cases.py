@@ -21,10 +21,15 @@ LayerNorm, softmax, GELU, biases and residual adds are left out (under 1% for Vi
 ViT-B/16 at 224 px: 35.1 GFLOP (17.6 GMACs, timm's figure). A training step (forward,
 backward = input and weight gradients, AdamW update) is counted as 3 × forward, the usual
 convention; the optimizer's elementwise work is left out.
+
+`GPU_CASES` and `GPU_COMPETITORS` are the GPU mode's (`gpu.py`): larger batches, 384 px and
+ViT-L/16, Keras on JAX and PyTorch only (no TensorFlow on the GPU machines), timm eager and
+compiled; `tiny_case` shrinks any case to a test-size model for rehearsing on a CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 IMAGE_SIZE = 224
@@ -45,12 +50,16 @@ class Arch:
     mlp_dim: int
     timm_name: str
     label: str
+    base: str | None = None  # a test-size arch: the keras_vit variant it is derived from
 
 
 ARCHS: dict[str, Arch] = {
     "vit_ti16": Arch(16, 192, 12, 3, 768, "vit_tiny_patch16_224", "ViT-Ti/16"),
     "vit_s16": Arch(16, 384, 12, 6, 1536, "vit_small_patch16_224", "ViT-S/16"),
     "vit_b16": Arch(16, 768, 12, 12, 3072, "vit_base_patch16_224", "ViT-B/16"),
+    "vit_l16": Arch(16, 1024, 24, 16, 4096, "vit_large_patch16_224", "ViT-L/16"),
+    # Rehearsals (`gpu.py --tiny`): every path of the real cases on a model that runs in seconds.
+    "vit_test": Arch(16, 64, 2, 2, 128, "vit_tiny_patch16_224", "ViT test size", base="vit_ti16"),
 }
 
 
@@ -75,6 +84,7 @@ class Competitor:
     logical_cpus: int = 1  # > 1: a separate worker with a MirroredStrategy over logical CPUs
     label: str = ""
     backend: str = "tensorflow"  # Keras workers: KERAS_BACKEND of the worker process
+    attention: str = "auto"  # keras_vit: the model's attention_implementation
 
     @property
     def worker_key(self) -> tuple[str, int, str]:
@@ -115,11 +125,12 @@ FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch", "keras_hub", "timm"
 class Case:
     """One measurement: a kind of work on one architecture, batch and precision.
 
-    kind: "matmul" (MATMUL_SIZE² square matmul: the framework's achievable rate), "gemms"
+    kind: "matmul" (`matmul_size`² square matmul: the framework's achievable rate), "gemms"
     (a model's forward matrix products alone, each shape as the model runs it: the rate no
     implementation of that model and batch in the framework can beat), "infer" (forward pass),
     "train" (full step), "first_call" (build + first prediction in a fresh process), "pipeline"
-    (`keras_vit.data.train_pipeline` alone, no model).
+    (`keras_vit.data.train_pipeline` alone, no model), "predict" (Keras `model.predict` of
+    `batch` images held on the host as `host_dtype` NumPy, in `PREDICT_STEPS` batches).
     `relative_to` names a case whose keras_vit training throughput this case is compared with.
     """
 
@@ -132,14 +143,17 @@ class Case:
     batch: int = 1
     precision: str = "float32"  # "float32" or "bfloat16" (Keras `mixed_bfloat16`, torch autocast)
     relative_to: str | None = None
+    image_size: int = IMAGE_SIZE
+    matmul_size: int = MATMUL_SIZE
+    host_dtype: str | None = None  # "predict": the NumPy batch's dtype ("uint8": image_dtype="uint8")
 
     @property
     def flops_per_image(self) -> int | None:
         """Model FLOPs per image (forward, or a training step), None for other kinds."""
-        if self.kind not in ("infer", "train", "gemms"):
+        if self.kind not in ("infer", "train", "gemms", "predict"):
             return None
         factor = TRAIN_FLOP_FACTOR if self.kind == "train" else 1
-        return factor * forward_flops(ARCHS[self.arch])
+        return factor * forward_flops(ARCHS[self.arch], self.image_size)
 
     @property
     def gemms_case(self) -> str | None:
@@ -248,3 +262,124 @@ CASES: dict[str, Case] = {
         ),
     )
 }
+
+
+# --- GPU mode (`gpu.py`) -------------------------------------------------------------------------
+GPU_MATMUL_SIZE = 8192  # large enough to reach an H100's or H200's peak
+PREDICT_STEPS = 4  # "predict" cases: Keras's `predict` of 4 batches per call
+
+
+def _gpu_model_case(kind: str, arch: str, batch: int, precision: str, image_size: int = IMAGE_SIZE) -> Case:
+    size = "" if image_size == IMAGE_SIZE else f"_{image_size}"
+    what = "inference" if kind == "infer" else "training step (forward, backward, AdamW)"
+    precision_label = "bf16" if precision == "bfloat16" else "fp32 (TF32)"
+    title = f"{ARCHS[arch].label} {image_size} px {what.split()[0]} {precision_label}, batch {batch}"
+    name = f"{kind}_{arch.removeprefix('vit_')}{size}_{_PRECISION_TAGS[precision]}_bs{batch}"
+    return Case(
+        name, kind, title, f"{title}: {what}", GPU_MODEL_PEERS, arch, batch, precision, image_size=image_size
+    )
+
+
+def _predict_case(host_dtype: str) -> Case:
+    batch = 256 * PREDICT_STEPS
+    title = f"ViT-B/16 model.predict of {host_dtype} NumPy images, bf16, {PREDICT_STEPS} batches of 256"
+    description = f"{title}: host to device copies included" + (
+        " (image_dtype='uint8': normalised in the model)" if host_dtype == "uint8" else ""
+    )
+    return Case(
+        f"predict_b16_bf16_{host_dtype}",
+        "predict",
+        title,
+        description,
+        ("keras_vit_jax",),
+        "vit_b16",
+        batch,
+        "bfloat16",
+        host_dtype=host_dtype,
+    )
+
+
+GPU_MODEL_PEERS = ("keras_vit_jax", "keras_vit_torch", "keras_hub_jax", "timm", "timm_compiled")
+ATTENTION_PEERS = ("keras_vit_jax_plain", "keras_vit_jax_fused", "keras_vit_jax_fused_padded")
+# In the order they run: what issue 26's targets need first.
+GPU_CASES: dict[str, Case] = {
+    c.name: c
+    for c in (
+        *(
+            Case(
+                f"matmul_{tag}_{GPU_MATMUL_SIZE}",
+                "matmul",
+                f"{GPU_MATMUL_SIZE}³ matmul, {tag}",
+                f"{GPU_MATMUL_SIZE}³ {tag} matmul in each framework (JAX, PyTorch): the chip's rate",
+                ("keras_vit_jax", "timm"),
+                precision=precision,
+                matmul_size=GPU_MATMUL_SIZE,
+            )
+            for tag, precision in (("bf16", "bfloat16"), ("tf32", "float32"))
+        ),
+        _gpu_model_case("train", "vit_b16", 64, "bfloat16"),
+        _gpu_model_case("train", "vit_s16", 128, "bfloat16"),
+        _gpu_model_case("infer", "vit_b16", 256, "bfloat16"),
+        _predict_case("float32"),
+        _predict_case("uint8"),
+        _gpu_model_case("infer", "vit_b16", 64, "float32"),
+        _gpu_model_case("train", "vit_b16", 32, "bfloat16", 384),
+        _gpu_model_case("infer", "vit_b16", 64, "bfloat16", 384),
+        _gpu_model_case("train", "vit_l16", 32, "bfloat16"),
+    )
+}
+# The attention implementations against each other (keras_vit on JAX, forced instead of "auto").
+ATTENTION_CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256", "train_b16_384_bf16_bs32")
+GPU_COMPETITORS: dict[str, Competitor] = {
+    c.name: c
+    for c in (
+        COMPETITORS["keras_vit_jax"],
+        *(
+            Competitor(
+                f"keras_vit_jax_{attention}",
+                "keras_vit",
+                f"keras_vit_jax_{attention}",
+                jit=True,
+                label=f"keras_vit JAX, attention {attention}",
+                backend="jax",
+                attention=attention,
+            )
+            for attention in ("plain", "fused", "fused_padded")
+        ),
+        COMPETITORS["timm"],
+        Competitor("timm_compiled", "timm", "timm", jit=True, label="timm + torch.compile", backend="torch"),
+        Competitor(
+            "keras_hub_jax", "keras_hub", "keras_hub_jax", jit=True, label="keras_hub JAX", backend="jax"
+        ),
+        COMPETITORS["keras_vit_torch"],
+    )
+}
+
+
+def gpu_plan(cases: list[str] | None = None, competitors: list[str] | None = None) -> list[tuple[str, str]]:
+    """`(competitor, case)` pairs of the GPU mode, competitor by competitor (`GPU_COMPETITORS`'
+    order), each competitor's cases in `GPU_CASES`' order."""
+    plan = []
+    for competitor in competitors or list(GPU_COMPETITORS):
+        for name, case in GPU_CASES.items():
+            runs = (
+                name in ATTENTION_CASES if competitor in ATTENTION_PEERS else competitor in case.competitors
+            )
+            if runs and (cases is None or name in cases):
+                plan.append((competitor, name))
+    return plan
+
+
+def tiny_case(case: Case) -> Case:
+    """The same case on a test-size model and batch: what a CPU rehearsal of the GPU mode runs."""
+    if case.kind == "matmul":
+        return dataclasses.replace(case, matmul_size=256)
+    image_size = 32 if case.image_size == IMAGE_SIZE else 48  # 5 or 10 tokens: different shapes
+    batch = 2 * PREDICT_STEPS if case.kind == "predict" else 2
+    return dataclasses.replace(case, arch="vit_test", batch=batch, image_size=image_size)
+
+
+def lookup_case(name: str, tiny: bool = False) -> Case:
+    """A case of the CPU suite or the GPU mode by name, test-size with `tiny`."""
+    case = CASES.get(name) or GPU_CASES[name]
+    return tiny_case(case) if tiny else case

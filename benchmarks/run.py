@@ -170,7 +170,15 @@ class Worker:
     """A `worker.py` process and its JSON-lines conversation; stderr goes to a log file."""
 
     def __init__(
-        self, python: str, framework: str, backend: str, threads: int, logical_cpus: int, log_dir: str
+        self,
+        python: str,
+        framework: str,
+        backend: str,
+        threads: int,
+        logical_cpus: int,
+        log_dir: str,
+        extra_args: tuple[str, ...] = (),
+        hello_timeout: float = 600,
     ):
         name = f"{framework}-{backend}-{logical_cpus}cpu-{time.monotonic_ns()}.log"
         self.log_path = os.path.join(log_dir, name)
@@ -191,6 +199,7 @@ class Worker:
         command += ["--logical-cpus", str(logical_cpus)]
         if framework != "timm":
             command += ["--backend", backend]
+        command += extra_args
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -200,7 +209,7 @@ class Worker:
             env=environment,
         )
         self.pid = self.process.pid
-        self.hello = self._read(timeout=600)
+        self.hello = self._read(timeout=hello_timeout)
         if not self.hello.get("ok"):
             self.close()
             raise WorkerError(self.hello.get("error", "the worker failed to start"))

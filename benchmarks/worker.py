@@ -1,7 +1,7 @@
 """One competitor's long-lived benchmark process, driven by `run.py` over stdin/stdout JSON lines.
 
     python benchmarks/worker.py --framework keras_vit|keras_hub|timm --threads N
-        [--backend tensorflow|jax|torch] [--logical-cpus 2]
+        [--backend tensorflow|jax|torch] [--logical-cpus 2] [--tiny]
 
 The framework is imported once, with its thread pools set to N (TensorFlow intra- and
 inter-op pools; torch intra- and inter-op threads; JAX: see `KerasWorker`). Keras workers run
@@ -10,11 +10,12 @@ the backend-neutral `KerasWorker` on JAX and PyTorch (torch imported before kera
 never). The worker then answers one JSON request per line with one JSON reply per line,
 `{"ok": true, ...}` or `{"ok": false, "error": ...}`:
 
-* `{"op": "setup", "case": NAME, "jit": bool, "warmup": n, "max_call": s}` builds the case's
-  model (random weights) and inputs, runs `warmup` (>= 1) untimed calls (the first traces and
-  compiles) and times one more: reply `first_s`, `call_s` (the last), `params`, `setup_s`. A
-  call after the first that takes over `max_call` seconds ends the warm-up with `too_slow`
-  (e.g. bfloat16 on a CPU without bfloat16 instructions): no rounds for it.
+* `{"op": "setup", "case": NAME, "jit": bool, "warmup": n, "max_call": s[, "attention": A]}`
+  builds the case's model (random weights; keras_vit with `attention_implementation=A`) and
+  inputs, runs `warmup` (>= 1) untimed calls (the first traces and compiles) and times one
+  more: reply `first_s`, `call_s` (the last), `params`, `setup_s`. A call after the first
+  that takes over `max_call` seconds ends the warm-up with `too_slow` (e.g. bfloat16 on a CPU
+  without bfloat16 instructions): no rounds for it.
 * `{"op": "measure", "case": NAME, "jit": bool, "calls": n}`: `seconds` for n calls.
 * `{"op": "first_call", "case": NAME}`: `seconds` to build the model and predict once.
 * `{"op": "quit"}`.
@@ -34,6 +35,13 @@ lr 1e-3, weight decay 0.05, no clipping. Matmul: `MATMUL_SIZE`² operands, eager
 iterator over `keras_vit.data.train_pipeline` per measurement, two untimed batches, then
 `calls` timed batches. Bfloat16 in Keras is the `mixed_bfloat16` policy (float32 variables
 and head); in torch, autocast.
+
+On a GPU (the GPU mode, `gpu.py`: cases of `cases.GPU_CASES`, `--tiny` for their test-size
+versions) the same calls run there: Keras places tensors on the GPU itself; timm's model and
+batch are moved to CUDA, float32 matmuls may use TF32 (`torch.set_float32_matmul_precision
+("high")`, JAX's default on a GPU), and every call's result is fetched to the host. timm with
+`jit` is `torch.compile(model)`. A "predict" case times Keras's `model.predict` of a NumPy
+batch (host copies included); matmuls are `GPU_MATMUL_SIZE`² there, also in JAX.
 
 The protocol has the original stdout to itself: file descriptor 1 is pointed at stderr, so
 library prints cannot corrupt it. The worker dies with its parent (PR_SET_PDEATHSIG).
@@ -55,7 +63,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from cases import ARCHS, CASES, CHANNELS, IMAGE_SIZE, MATMUL_SIZE, NUM_CLASSES, Case
+from cases import ARCHS, CHANNELS, IMAGE_SIZE, NUM_CLASSES, PREDICT_STEPS, Case, lookup_case
 
 Runner = Callable[[int], float]  # calls -> seconds
 LEARNING_RATE, WEIGHT_DECAY = 1e-3, 0.05
@@ -69,12 +77,12 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def random_batch(batch: int) -> tuple:
+def random_batch(batch: int, image_size: int = IMAGE_SIZE) -> tuple:
     """The same inputs in every worker: NHWC float32 images in [-1, 1] and int labels."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    images = rng.uniform(-1.0, 1.0, (batch, IMAGE_SIZE, IMAGE_SIZE, CHANNELS)).astype("float32")
+    images = rng.uniform(-1.0, 1.0, (batch, image_size, image_size, CHANNELS)).astype("float32")
     labels = rng.integers(0, NUM_CLASSES, batch).astype("int32")
     return images, labels
 
@@ -156,6 +164,8 @@ class KerasWorker:
 
             torch.set_num_threads(threads)
             torch.set_num_interop_threads(threads)
+            if torch.cuda.is_available():
+                torch.set_float32_matmul_precision("high")  # TF32, as JAX's float32 default on a GPU
             self.torch = torch
         elif self.backend == "jax":
             cpus = sorted(os.sched_getaffinity(0))
@@ -183,32 +193,46 @@ class KerasWorker:
             versions.update(jax=self.jax.__version__, jaxlib=jaxlib.__version__)
         return versions
 
-    def build(self, arch_name: str, precision: str):
-        """The classifier with random weights, under the case's dtype policy."""
+    def build(self, case: Case, attention: str = "auto", image_dtype: str = "float32"):
+        """The case's classifier with random weights, under the case's dtype policy.
+
+        keras_vit: with `attention_implementation=attention` and `image_dtype` where not the
+        defaults (so the CPU benchmark also runs older keras_vit versions, for before/after runs).
+        """
         keras = self.keras
-        arch = ARCHS[arch_name]
+        arch, image_size = ARCHS[case.arch], case.image_size
         previous = keras.config.dtype_policy()
-        keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
+        keras.config.set_dtype_policy("mixed_bfloat16" if case.precision == "bfloat16" else "float32")
         try:
             if self.framework == "keras_vit":
-                config = self.library.variants.get_config(arch_name)
-                expected = (arch.patch_size, arch.hidden_size, arch.depth, arch.num_heads, arch.mlp_dim)
-                actual = (
-                    config.patch_size,
-                    config.hidden_size,
-                    config.depth,
-                    config.num_heads,
-                    config.mlp_dim,
+                dims = dict(
+                    patch_size=arch.patch_size,
+                    hidden_size=arch.hidden_size,
+                    depth=arch.depth,
+                    num_heads=arch.num_heads,
+                    mlp_dim=arch.mlp_dim,
                 )
-                if actual != expected:
+                config = self.library.variants.get_config(arch.base or case.arch)
+                if arch.base:
+                    config = config.replace(**dims)
+                actual = tuple(getattr(config, field) for field in dims)
+                if actual != tuple(dims.values()):
                     raise ValueError(
-                        f"benchmarks/cases.py has {arch_name} as {expected}, keras_vit {actual}."
+                        f"benchmarks/cases.py has {case.arch} as {tuple(dims.values())}, keras_vit {actual}."
                     )
+                options = {"attention_implementation": attention, "image_dtype": image_dtype}
+                options = {key: value for key, value in options.items() if value not in ("auto", "float32")}
                 return self.library.create_model(
-                    arch_name, image_size=IMAGE_SIZE, num_classes=NUM_CLASSES, classifier_activation=None
-                )  # logits, as the other libraries' models and the from-logits loss
+                    config,
+                    image_size=image_size,
+                    num_classes=NUM_CLASSES,
+                    classifier_activation=None,  # logits, as the other libraries' models and the loss
+                    **options,
+                )
+            if attention != "auto" or image_dtype != "float32":
+                raise ValueError("Attention implementations and uint8 inputs are keras_vit options.")
             backbone = self.library.models.ViTBackbone(
-                image_shape=(IMAGE_SIZE, IMAGE_SIZE, CHANNELS),
+                image_shape=(image_size, image_size, CHANNELS),
                 patch_size=arch.patch_size,
                 num_layers=arch.depth,
                 num_heads=arch.num_heads,
@@ -222,29 +246,53 @@ class KerasWorker:
         finally:
             keras.config.set_dtype_policy(previous)
 
-    def _cached_model(self, case: Case):
-        key = ("infer", case.arch, case.precision)
+    def _cached_model(self, case: Case, attention: str = "auto"):
+        key = ("infer", case.arch, case.precision, case.image_size, attention)
         if key not in self.models:
-            self.models[key] = self.build(case.arch, case.precision)
+            self.models[key] = self.build(case, attention)
         return self.models[key]
 
-    def runner(self, case: Case, jit: bool) -> tuple[Runner, int | None]:
+    def runner(self, case: Case, jit: bool, attention: str = "auto") -> tuple[Runner, int | None]:
         """The case's timed runner and the model's parameter count (None without a model)."""
-        if case.kind not in ("infer", "train"):
+        if self.backend == "jax" and case.kind == "matmul":
+            return self._jax_matmul_runner(case), None
+        if case.kind not in ("infer", "train", "predict"):
             raise ValueError(f"The {self.backend} Keras worker cannot run {case.kind!r} cases.")
         if self.backend == "jax" and not jit:
             raise ValueError("Keras on JAX is benchmarked compiled (jit), as it runs by default.")
         if self.backend == "torch" and jit:
             raise ValueError("torch.compile (jit_compile=True on torch) is not benchmarked.")
-        images, labels = random_batch(case.batch)
+        images, labels = random_batch(case.batch, case.image_size)
         if case.kind == "infer":
-            return self._infer_runner(case, jit, images)
-        return self._train_runner(case, jit, images, labels)
+            return self._infer_runner(case, jit, images, attention)
+        if case.kind == "predict":
+            return self._predict_runner(case, images, attention)
+        return self._train_runner(case, jit, images, labels, attention)
 
-    def _infer_runner(self, case: Case, jit: bool, images) -> tuple[Runner, int]:
+    def _jax_matmul_runner(self, case: Case) -> Runner:
+        """`matmul_size`² product in the case's precision (float32: JAX's default precision, TF32 on
+        a GPU), synchronised after the last call."""
+        jax = self.jax
+        dtype = "bfloat16" if case.precision == "bfloat16" else "float32"
+        a, b = (jax.random.normal(jax.random.key(seed), (case.matmul_size,) * 2, dtype) for seed in (1, 2))
+        product = jax.jit(jax.numpy.matmul)
+        return timed(lambda: product(a, b), lambda result: result.block_until_ready())
+
+    def _predict_runner(self, case: Case, images, attention: str) -> tuple[Runner, int]:
+        """Keras's `model.predict` of a NumPy batch on the host, in `PREDICT_STEPS` batches: float32
+        images, or uint8 pixels to a model built with `image_dtype="uint8"`."""
         import numpy as np
 
-        model = self._cached_model(case)
+        if case.host_dtype == "uint8":
+            images = np.random.default_rng(0).integers(0, 256, images.shape).astype("uint8")
+        model = self.build(case, attention, image_dtype=case.host_dtype)
+        batch_size = case.batch // PREDICT_STEPS
+        return timed(lambda: model.predict(images, batch_size=batch_size, verbose=0)), model.count_params()
+
+    def _infer_runner(self, case: Case, jit: bool, images, attention: str = "auto") -> tuple[Runner, int]:
+        import numpy as np
+
+        model = self._cached_model(case, attention)
         if self.backend == "jax":
             jax = self.jax
             trainable = [variable.value for variable in model.trainable_variables]
@@ -265,10 +313,10 @@ class KerasWorker:
 
         return timed(forward), model.count_params()
 
-    def compiled_for_training(self, case: Case, jit: bool):
+    def compiled_for_training(self, case: Case, jit: bool, attention: str = "auto"):
         """A fresh model, compiled with AdamW and the sparse cross-entropy from logits."""
         keras = self.keras
-        model = self.build(case.arch, case.precision)
+        model = self.build(case, attention)
         model.compile(
             optimizer=keras.optimizers.AdamW(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -276,15 +324,22 @@ class KerasWorker:
         )
         return model
 
-    def _train_runner(self, case: Case, jit: bool, images, labels) -> tuple[Runner, int]:
-        model = self.compiled_for_training(case, jit)
+    def _train_runner(
+        self, case: Case, jit: bool, images, labels, attention: str = "auto"
+    ) -> tuple[Runner, int]:
+        model = self.compiled_for_training(case, jit, attention)
         x, y = (self.keras.ops.convert_to_tensor(array) for array in (images, labels))
-        return timed(lambda: float(model.train_on_batch(x, y))), model.count_params()
+
+        def step():
+            result = model.train_on_batch(x, y)  # keras_hub's classifier adds an accuracy metric
+            return float(result[0] if isinstance(result, list) else result)
+
+        return timed(step), model.count_params()
 
     def first_call(self, case: Case) -> float:
         images, _ = random_batch(case.batch)
         start = time.perf_counter()
-        model = self.build(case.arch, case.precision)
+        model = self.build(case)
         model.predict(images, verbose=0)
         return time.perf_counter() - start
 
@@ -318,37 +373,40 @@ class TensorFlowKerasWorker(KerasWorker):
     def versions(self) -> dict:
         return {"tensorflow": self.tf.__version__, **super().versions()}
 
-    def runner(self, case: Case, jit: bool) -> tuple[Runner, int | None]:
+    def runner(self, case: Case, jit: bool, attention: str = "auto") -> tuple[Runner, int | None]:
         """The case's timed runner and the model's parameter count (None without a model)."""
         tf = self.tf
         if case.kind == "matmul":
             dtype = tf.bfloat16 if case.precision == "bfloat16" else tf.float32
             a, b = (
-                tf.cast(tf.random.stateless_normal((MATMUL_SIZE,) * 2, (seed, 0)), dtype) for seed in (1, 2)
+                tf.cast(tf.random.stateless_normal((case.matmul_size,) * 2, (seed, 0)), dtype)
+                for seed in (1, 2)
             )
             return timed(lambda: tf.linalg.matmul(a, b), lambda result: result[0, 0].numpy()), None
         if case.kind == "pipeline":
             return self._pipeline_runner(case), None
         if case.kind == "gemms":
             return self._gemms_runner(case), None
-        images, labels = random_batch(case.batch)
+        images, labels = random_batch(case.batch, case.image_size)
         if case.kind == "infer":
-            return self._infer_runner(case, jit, images)
+            return self._infer_runner(case, jit, images, attention)
         if case.kind == "train":
-            return self._train_runner(case, jit, images, labels)
+            return self._train_runner(case, jit, images, labels, attention)
         raise ValueError(f"{self.framework} worker cannot run {case.kind!r} cases with `setup`.")
 
-    def _infer_runner(self, case: Case, jit: bool, images) -> tuple[Runner, int]:
-        model = self._cached_model(case)
+    def _infer_runner(self, case: Case, jit: bool, images, attention: str = "auto") -> tuple[Runner, int]:
+        model = self._cached_model(case, attention)
         forward = self.tf.function(lambda x: model(x, training=False), jit_compile=jit)
         inputs = self.tf.constant(images)
         return timed(lambda: forward(inputs).numpy()), model.count_params()
 
-    def _train_runner(self, case: Case, jit: bool, images, labels) -> tuple[Runner, int]:
+    def _train_runner(
+        self, case: Case, jit: bool, images, labels, attention: str = "auto"
+    ) -> tuple[Runner, int]:
         tf = self.tf
         scope = self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
         with scope:
-            model = self.compiled_for_training(case, jit)
+            model = self.compiled_for_training(case, jit, attention)
             # Eagerly: inside the first trace each optimizer variable costs ~0.1 s to create.
             model.optimizer.build(model.trainable_variables)
         dataset = (
@@ -427,7 +485,7 @@ class TensorFlowKerasWorker(KerasWorker):
 
 
 class TimmWorker:
-    """timm (PyTorch eager) models and torch matmuls."""
+    """timm models (eager, or `torch.compile`d with `jit`) and torch matmuls, on CUDA if there is one."""
 
     def __init__(self, framework: str, threads: int, logical_cpus: int, backend: str = "torch"):
         import timm
@@ -438,6 +496,9 @@ class TimmWorker:
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(threads)
         self.torch, self.timm = torch, timm
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda":
+            torch.set_float32_matmul_precision("high")  # TF32, as JAX's float32 default on a GPU
 
     def versions(self) -> dict:
         import numpy
@@ -452,42 +513,61 @@ class TimmWorker:
 
     def autocast(self, precision: str):
         if precision == "bfloat16":
-            return self.torch.autocast("cpu", dtype=self.torch.bfloat16)
+            return self.torch.autocast(self.device, dtype=self.torch.bfloat16)
         return contextlib.nullcontext()
 
-    def build(self, arch_name: str):
-        return self.timm.create_model(ARCHS[arch_name].timm_name, pretrained=False, num_classes=NUM_CLASSES)
+    def build(self, arch_name: str, image_size: int = IMAGE_SIZE):
+        arch = ARCHS[arch_name]
+        options = {} if image_size == IMAGE_SIZE else {"img_size": image_size}
+        if arch.base:  # a test-size arch: its dimensions on the timm model of its base
+            options.update(
+                patch_size=arch.patch_size,
+                embed_dim=arch.hidden_size,
+                depth=arch.depth,
+                num_heads=arch.num_heads,
+                mlp_ratio=arch.mlp_dim / arch.hidden_size,
+            )
+        model = self.timm.create_model(arch.timm_name, pretrained=False, num_classes=NUM_CLASSES, **options)
+        return model.to(self.device)
 
-    def runner(self, case: Case, jit: bool) -> tuple[Runner, int | None]:
+    def runner(self, case: Case, jit: bool, attention: str = "auto") -> tuple[Runner, int | None]:
         torch = self.torch
-        if jit:
-            raise ValueError("timm runs eagerly here: there is no jit mode.")
+        if attention != "auto":
+            raise ValueError("Attention implementations are a keras_vit option.")
+        on_cuda = self.device == "cuda"
         if case.kind == "matmul":
             dtype = torch.bfloat16 if case.precision == "bfloat16" else torch.float32
             generator = torch.Generator().manual_seed(0)
-            a, b = (torch.randn((MATMUL_SIZE,) * 2, generator=generator).to(dtype) for _ in range(2))
-            return timed(lambda: torch.matmul(a, b)), None
-        images, labels = random_batch(case.batch)
-        inputs = torch.from_numpy(images.transpose(0, 3, 1, 2).copy())
-        targets = torch.from_numpy(labels.astype("int64"))
-        model = self.build(case.arch)
+            a, b = (
+                torch.randn((case.matmul_size,) * 2, generator=generator).to(self.device, dtype)
+                for _ in range(2)
+            )
+            finish = (lambda result: torch.cuda.synchronize()) if on_cuda else (lambda result: result)
+            return timed(lambda: torch.matmul(a, b), finish), None
+        images, labels = random_batch(case.batch, case.image_size)
+        inputs = torch.from_numpy(images.transpose(0, 3, 1, 2).copy()).to(self.device)
+        targets = torch.from_numpy(labels.astype("int64")).to(self.device)
+        model = self.build(case.arch, case.image_size)
         params = sum(parameter.numel() for parameter in model.parameters())
         if case.kind == "infer":
             model.eval()
+            call = torch.compile(model) if jit else model
 
             def forward():
                 with torch.inference_mode(), self.autocast(case.precision):
-                    return model(inputs)
+                    logits = call(inputs)
+                return logits.float().cpu() if on_cuda else logits  # fetched, as the Keras workers do
 
             return timed(forward), params
         if case.kind == "train":
             model.train()
             optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+            call = torch.compile(model) if jit else model
 
             def step():
                 optimizer.zero_grad(set_to_none=True)
                 with self.autocast(case.precision):
-                    logits = model(inputs)
+                    logits = call(inputs)
                 loss = torch.nn.functional.cross_entropy(logits.float(), targets)
                 loss.backward()
                 optimizer.step()
@@ -541,7 +621,7 @@ def start_worker(framework: str, threads: int, logical_cpus: int, backend: str):
     return worker(framework, threads, logical_cpus, backend)
 
 
-def serve(worker, replies) -> None:
+def serve(worker, replies, tiny: bool = False) -> None:
     """Answer requests from stdin until `quit` or end of input."""
     # Cases doing the same work (e.g. single-device training, also the baseline of the mirrored
     # case) share one runner, keyed by what it runs.
@@ -552,14 +632,16 @@ def serve(worker, replies) -> None:
         if op == "quit":
             break
         try:
-            case = CASES[request["case"]]
-            key = (case.kind, case.arch, case.batch, case.precision, bool(request.get("jit", False)))
+            case = lookup_case(request["case"], tiny)
+            attention, jit = request.get("attention", "auto"), bool(request.get("jit", False))
+            key = (case.kind, case.arch, case.batch, case.precision, case.image_size, case.host_dtype)
+            key += (case.matmul_size, attention, jit)
             if op == "setup":
                 start = time.perf_counter()
                 if key in prepared:
                     reply = dict(prepared[key], call_s=prepared[key]["runner"](1))
                 else:
-                    runner, params = worker.runner(case, key[-1])
+                    runner, params = worker.runner(case, jit, attention)
                     first_s = runner(1)  # tracing, XLA compilation
                     call_s = runner(1)
                     for _ in range(request["warmup"] - 1):
@@ -596,6 +678,7 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--logical-cpus", type=int, default=1)
+    parser.add_argument("--tiny", action="store_true", help="test-size models (cases.tiny_case)")
     args = parser.parse_args()
     die_with_parent()
     replies = os.fdopen(os.dup(1), "w")
@@ -611,7 +694,7 @@ def main() -> None:
     replies.write(json.dumps(hello) + "\n")
     replies.flush()
     if hello["ok"]:
-        serve(worker, replies)
+        serve(worker, replies, args.tiny)
 
 
 if __name__ == "__main__":

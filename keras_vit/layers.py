@@ -12,9 +12,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.catalog import normalize
 from keras_vit.pos_embed import resize_pos_embed
 
 __all__ = [
+    "PixelNormalization",
     "PatchEncoder",
     "ClassToken",
     "PositionEmbedding",
@@ -23,6 +25,9 @@ __all__ = [
     "TransformerBlock",
     "TokenPooling",
     "MultiheadAttentionPooling",
+    "ATTENTION_IMPLEMENTATIONS",
+    "ATTENTION_POLICY",
+    "choose_attention",
 ]
 
 _PACKAGE = "keras_vit"
@@ -31,6 +36,41 @@ LAYER_NORM_EPSILON = 1e-6
 
 def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else tuple(value)
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class PixelNormalization(keras.layers.Layer):
+    """Maps uint8 pixels `(batch, H, W, C)` to float32 `(x / 255 - mean) / std` inside the model.
+
+    The first layer of a model built with `image_dtype="uint8"`: a batch then travels to the
+    device as uint8, 4x fewer bytes than float32. A lookup in a `(256, C)` table computed by
+    `keras_vit.catalog.normalize`, the host path's own function, so the result equals
+    normalising on the host bit for bit, on every backend and device. Float32 output under any
+    dtype policy, as a float32 batch fed to the model would be.
+    """
+
+    def __init__(self, mean, std, **kwargs):
+        kwargs["dtype"] = "float32"
+        super().__init__(**kwargs)
+        self.mean = tuple(float(value) for value in mean)
+        self.std = tuple(float(value) for value in std)
+
+    def call(self, images):
+        channels = images.shape[-1]
+        levels = np.repeat(np.arange(256, dtype="uint8")[:, None], channels, axis=1)
+        table = ops.convert_to_tensor(normalize(levels, self.mean, self.std).reshape(-1))
+        return ops.take(table, ops.cast(images, "int32") * channels + ops.arange(channels, dtype="int32"))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def compute_output_spec(self, images):
+        return keras.KerasTensor(images.shape, dtype="float32")
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(mean=self.mean, std=self.std)
+        return config
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
@@ -291,14 +331,27 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     with biases `(heads, D/heads)`, and `attention_output` `(heads, D/heads, D)` with bias
     `(D,)`. The call does not run those sublayers: it views the kernels as matrices (free
     reshapes), projects all tokens `(batch * tokens, D)` to query|key|value with one
-    `(D, 3D)` matrix product (the 1/sqrt(D/heads) scale folded into the query columns), and
-    takes softmax(q k^T) v per head with batched products, the logits in at least float32.
-    That is what `keras.ops.dot_product_attention` computes on TensorFlow (which has no fused
-    kernel), minus a scaling pass over the logits and the broadcast batched products of
-    `EinsumDense` on 3-D inputs. Where a fused kernel wins (PyTorch's scaled dot-product
-    attention; JAX on a GPU), the attention itself is `keras.ops.dot_product_attention`, except
-    when the scores are asked for (inspection) or attention dropout is training. `dropout` is
-    attention dropout (on the probabilities).
+    `(D, 3D)` matrix product (the 1/sqrt(D/heads) scale folded into the query columns), then
+    attends per head by the `attention_implementation` (see `choose_attention`):
+
+    * `"plain"`: softmax(q k^T) v with batched products, the logits in at least float32: what
+      `keras.ops.dot_product_attention` computes on TensorFlow (which has no fused kernel),
+      minus a scaling pass over the logits and `EinsumDense`'s broadcast products;
+    * `"fused"`: the backend's attention op: PyTorch's `scaled_dot_product_attention`; on JAX
+      `jax.nn.dot_product_attention` with the kernel named explicitly (cuDNN flash attention
+      for half precision on a GPU, XLA's otherwise), so no try-and-fall-back logs an error;
+    * `"fused_padded"`: the tokens padded to a multiple of `ATTENTION_PADDING_MULTIPLE`, the
+      padding masked out by sequence lengths, the fused op, the padding sliced off: cuDNN's
+      flash attention refuses ViT token counts (50, 197, 577) when training, not 256 or 640.
+      Off a GPU the same padding and masks run through XLA's kernel (JAX) or a key mask
+      (other backends): equal to `"plain"`, which is how it is tested on a CPU;
+    * `"auto"` (default): per backend, device, compute dtype and mode, `ATTENTION_POLICY`. On
+      JAX on a GPU in half precision an inference call runs cuDNN unpadded: gradients through it
+      (e.g. saliency maps of a model called with `training=False`) need cuDNN's training kernel,
+      which refuses ViT token counts; use `"fused_padded"` for those.
+
+    Returning the scores (inspection) and attention dropout while training always take
+    `"plain"`. `dropout` is attention dropout (on the probabilities).
 
     Quantized projections (`model.quantize("int8")`, `"int4"`, `"float8"`) are computed by the
     sublayers' own calls instead, the only place their integer kernels and scales are used
@@ -306,10 +359,13 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     path: a float `EinsumDense.kernel` already includes the LoRA product.
     """
 
-    def __init__(self, num_heads: int, dropout: float = 0.0, **kwargs):
+    def __init__(
+        self, num_heads: int, dropout: float = 0.0, attention_implementation: str = "auto", **kwargs
+    ):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.dropout = float(dropout)
+        self.attention_implementation = _checked_implementation(attention_implementation)
 
     def build(self, input_shape):
         hidden_size = input_shape[-1]
@@ -347,16 +403,22 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         bias = ops.concatenate([ops.reshape(d.bias, (width,)) * s for d, s in pairs], axis=0)
         qkv = ops.matmul(ops.reshape(tokens, (-1, width)), kernel) + bias
         qkv = ops.reshape(qkv, (batch, length, 3, heads, self.head_dim))
-        if _fused_attention_wins() and not return_attention_scores and not (training and self.dropout):
-            # (batch, tokens, heads, head_dim), the layout dot_product_attention takes; q is scaled.
-            context, scores = ops.dot_product_attention(*ops.unstack(qkv, 3, axis=2), scale=1.0), None
-            context = ops.reshape(context, (-1, width))
-        else:
+        implementation = "plain"
+        if not return_attention_scores and not (training and self.dropout):
+            implementation = choose_attention(
+                self.attention_implementation, self.compute_dtype, bool(training), self.head_dim
+            )
+        if implementation == "plain":
             # Unstacked, not indexed: the gradient of three slices is three zero-filled full-size
             # tensors and their sum (~10% of a ViT-S/16 training step on TensorFlow), of unstack one stack.
             query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
             context, scores = self._attend(query, key, value, training)
             context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
+        else:
+            # (batch, tokens, heads, head_dim), the layout of the fused ops; q is scaled.
+            query, key, value = ops.unstack(qkv, 3, axis=2)
+            context = _fused_attention(query, key, value, padded=implementation == "fused_padded")
+            context, scores = ops.reshape(context, (-1, width)), None
         output = ops.matmul(context, ops.reshape(self.output_dense.kernel, (width, width)))
         output = ops.reshape(output + self.output_dense.bias, (batch, length, width))
         return (output, scores) if return_attention_scores else output
@@ -384,26 +446,137 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_heads=self.num_heads, dropout=self.dropout)
+        config.update(
+            num_heads=self.num_heads,
+            dropout=self.dropout,
+            attention_implementation=self.attention_implementation,
+        )
         return config
 
 
-@functools.cache
-def _fused_attention_wins() -> bool:
-    """Whether `keras.ops.dot_product_attention` beats the plain products on this backend and device.
+ATTENTION_IMPLEMENTATIONS = ("auto", "plain", "fused", "fused_padded")
+# Tokens are padded to a multiple of this for "fused_padded" (197 -> 256, 577 -> 640, 50 -> 128):
+# flash-attention kernels work in 64- or 128-token tiles, and 197 padded to 256 is the shape
+# measured to train 25% faster (issue 26).
+ATTENTION_PADDING_MULTIPLE = 128
+# What "auto" runs: (backend, device, precision, mode) -> implementation; "*" matches anything,
+# the first matching row wins. "half" is bfloat16 or float16 compute. Measured: ViT-B/16 on an
+# NVIDIA H200 (issue 26; images/s), attention alone on a 2-core CPU (ms, ViT-B/16, batch 16).
+ATTENTION_POLICY = (
+    # TensorFlow has no fused kernel: Keras's op is the same products plus a scaling pass (87 vs 65 ms).
+    ("tensorflow", "*", "*", "*", "plain"),
+    # scaled_dot_product_attention (CPU: 83 vs 221 ms plain); on a GPU flash/memory-efficient kernels.
+    ("torch", "*", "*", "*", "fused"),
+    # XLA's CPU attention is slower than the products it fuses (187 vs 94 ms plain).
+    ("jax", "cpu", "*", "*", "plain"),
+    # cuDNN takes 197 tokens at inference: 9,951 vs 9,596 padded vs 8,073 plain (bf16, batch 256).
+    ("jax", "gpu", "half", "inference", "fused"),
+    # cuDNN refuses 197 tokens when training; padded to 256: 2,231 vs 1,779 (XLA) vs 1,988 plain.
+    ("jax", "gpu", "half", "training", "fused_padded"),
+    # cuDNN's flash attention has no float32; XLA's attention ran at timm's speed (4,194 vs 4,340).
+    ("jax", "gpu", "float32", "*", "fused"),
+    ("*", "*", "*", "*", "plain"),
+)
 
-    PyTorch: yes (its fused `scaled_dot_product_attention`; ViT-B/16 attention at batch 16 on a
-    2-core CPU: 83 ms vs 221 ms plain). JAX: only on a GPU (cuDNN / flash attention; on a CPU
-    its XLA attention took 187 ms vs 94 ms plain). TensorFlow has no fused kernel (87 vs 65 ms).
-    """
+
+def _checked_implementation(implementation: str) -> str:
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(
+            f"Unknown attention_implementation {implementation!r}: use one of {ATTENTION_IMPLEMENTATIONS} "
+            '("auto" picks per backend, device, dtype and mode).'
+        )
+    return implementation
+
+
+@functools.cache
+def _device() -> str:
+    """`"gpu"`, `"tpu"` or `"cpu"`: where this backend computes (JAX: its default backend; torch: CUDA)."""
     backend = keras.backend.backend()
-    if backend == "torch":
-        return True
     if backend == "jax":
         import jax
 
-        return jax.default_backend() == "gpu"
-    return False
+        return jax.default_backend()
+    if backend == "torch":
+        import torch
+
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+    return "cpu"
+
+
+def _precision(dtype) -> str:
+    dtype = keras.backend.standardize_dtype(dtype)
+    return "half" if dtype in ("bfloat16", "float16") else dtype
+
+
+def choose_attention(
+    implementation: str,
+    dtype="float32",
+    training: bool = False,
+    head_dim: int = 64,
+    *,
+    backend: str | None = None,
+    device: str | None = None,
+) -> str:
+    """The attention a `MultiHeadSelfAttention` runs: `implementation`, or for `"auto"` the first
+    row of `ATTENTION_POLICY` that matches the backend, device, compute dtype and mode.
+
+    `backend` and `device` default to Keras's backend and where it computes. On JAX a head width
+    that cuDNN does not take (a multiple of 8, at most 128) runs XLA's kernel for "fused" and
+    unpadded for "auto", as padding only helps cuDNN.
+    """
+    implementation = _checked_implementation(implementation)
+    if implementation != "auto":
+        return implementation
+    backend = backend or keras.backend.backend()
+    device = device or _device()
+    key = (backend, device, _precision(dtype), "training" if training else "inference")
+    for *pattern, choice in ATTENTION_POLICY:
+        if all(want in ("*", got) for want, got in zip(pattern, key, strict=True)):
+            if choice == "fused_padded" and not _cudnn_takes(device, dtype, head_dim):
+                return "fused"
+            return choice
+    raise AssertionError("ATTENTION_POLICY ends with a catch-all row.")
+
+
+def _cudnn_takes(device: str, dtype, head_dim: int) -> bool:
+    """Whether cuDNN's flash attention takes these heads (JAX's checks: half precision, a head width
+    that is a multiple of 8 and at most 128; any Hopper takes up to 256, left out as untested)."""
+    return device == "gpu" and _precision(dtype) == "half" and head_dim % 8 == 0 and head_dim <= 128
+
+
+def _fused_attention(query, key, value, padded: bool):
+    """softmax(q k^T) v through the backend's attention op, `(batch, tokens, heads, head_dim)`
+    inputs with q scaled; with `padded`, on tokens padded to `ATTENTION_PADDING_MULTIPLE` and masked."""
+    length = query.shape[1]
+    if length is None:
+        raise ValueError("Fused attention needs a known token count: build the model for its image size.")
+    padding = (-length) % ATTENTION_PADDING_MULTIPLE if padded else 0
+    if padding:
+        query, key, value = (ops.pad(t, ((0, 0), (0, padding), (0, 0), (0, 0))) for t in (query, key, value))
+    if keras.backend.backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        kernel = "cudnn" if _cudnn_takes(_device(), query.dtype, query.shape[-1]) else "xla"
+        lengths = jnp.full((query.shape[0],), length, "int32") if padding else None
+        context = jax.nn.dot_product_attention(
+            query,
+            key,
+            value,
+            scale=1.0,
+            query_seq_lengths=lengths,
+            key_value_seq_lengths=lengths,
+            implementation=kernel,
+        )
+    else:
+        # (1, 1, 1, padded tokens): every query sees the real keys only.
+        mask = (ops.arange(length + padding) < length)[None, None, None, :] if padding else None
+        context = ops.dot_product_attention(query, key, value, mask=mask, scale=1.0)
+    return context[:, :length] if padding else context
 
 
 @ops.custom_gradient
@@ -446,7 +619,7 @@ class TransformerBlock(keras.layers.Layer):
     with `approximate_gelu` the tanh form of the original code's Flax `nn.gelu`; it is applied
     to the tokens as one `(batch * tokens, D)` matrix (one GEMM per layer). `dropout` follows every dense
     layer but the query/key/value projections, as in the paper; `drop_path` is stochastic
-    depth.
+    depth; `attention_implementation` is the attention's (`MultiHeadSelfAttention`).
     """
 
     def __init__(
@@ -458,6 +631,7 @@ class TransformerBlock(keras.layers.Layer):
         drop_path: float = 0.0,
         layer_norm_epsilon: float = LAYER_NORM_EPSILON,
         approximate_gelu: bool = False,
+        attention_implementation: str = "auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -468,6 +642,7 @@ class TransformerBlock(keras.layers.Layer):
         self.drop_path = float(drop_path)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.approximate_gelu = bool(approximate_gelu)
+        self.attention_implementation = _checked_implementation(attention_implementation)
 
     def build(self, input_shape):
         hidden_size = input_shape[-1]
@@ -481,7 +656,11 @@ class TransformerBlock(keras.layers.Layer):
             epsilon=self.layer_norm_epsilon, dtype=policy, name="norm1"
         )
         self.attention = MultiHeadSelfAttention(
-            self.num_heads, dropout=self.attention_dropout, dtype=policy, name="attention"
+            self.num_heads,
+            dropout=self.attention_dropout,
+            attention_implementation=self.attention_implementation,
+            dtype=policy,
+            name="attention",
         )
         self.norm2 = keras.layers.LayerNormalization(
             epsilon=self.layer_norm_epsilon, dtype=policy, name="norm2"
@@ -530,6 +709,7 @@ class TransformerBlock(keras.layers.Layer):
             drop_path=self.drop_path,
             layer_norm_epsilon=self.layer_norm_epsilon,
             approximate_gelu=self.approximate_gelu,
+            attention_implementation=self.attention_implementation,
         )
         return config
 
