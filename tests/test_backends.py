@@ -2,12 +2,11 @@
 
 The rest of the backend-neutral suite (layers, models, converters' parity, hybrids, quantization,
 LoRA) runs on every backend from `.ci/run` (`KERAS_BACKEND=jax|torch python -m pytest ...`);
-this module checks what needs two backends at once, with `tests/backend_worker.py` in a
+this module checks what needs two backends at once, with `tests/helpers/backend_worker.py` in a
 subprocess per backend: models saved here load there with logits within 1e-5, train there
 (NumPy arrays, `PyDataset`) without importing TensorFlow, and what they save loads back here.
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,27 +15,23 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import random_images, subprocess_env
+from helpers import random_images, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
 
-WORKER = Path(__file__).with_name("backend_worker.py")
+WORKER = Path(__file__).parent / "helpers" / "backend_worker.py"
 TOLERANCE = 1e-5
 CASES = {
     "plain": (ViTConfig("tiny_plain", 4, 32, 2, 2, 64, image_size=(16, 24)), {"representation_size": 8}),
     "hybrid": (ViTConfig("tiny_hybrid", 1, 32, 1, 2, 64, resnet_stages=(1,), image_size=32), {}),
     "gap": (ViTConfig("tiny_gap", 4, 32, 1, 2, 64, image_size=16, pooling="gap", class_token=False), {}),
 }
-BACKENDS = [
-    pytest.param(
-        name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"no {module}")
-    )
-    for name, module in (("jax", "jax"), ("torch", "torch"))
-]
+BACKENDS = ["jax", "torch"]
 
 pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow", reason="drives the other backends from the TensorFlow suite"
+    keras.backend.backend() != "tensorflow",
+    reason="run from the TensorFlow suite: drives the others",
 )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from checkpoint_writers import random_timm_vit, save_timm_safetensors, to_torch
+from helpers.checkpoint_writers import random_timm_vit, save_timm_safetensors, to_torch
 from PIL import Image
 
 import keras_vit

@@ -7,13 +7,13 @@ written as timm safetensors, Google .npz (checked with timm's own npz loader) an
 
 import os
 
-import checkpoint_writers as writers
 import keras
 import numpy as np
 import pytest
 import timm
 import torch
-from conftest import random_images
+from helpers import checkpoint_writers as writers
+from helpers import random_images
 from timm.models._manipulate import adapt_input_conv
 from timm.models.vision_transformer import _load_weights, checkpoint_filter_fn
 

@@ -11,6 +11,9 @@ from functools import partial
 import keras
 import numpy as np
 import pytest
+import torch
+from timm.layers import PatchEmbed, resample_abs_pos_embed
+from timm.models.vision_transformer import Block
 
 from keras_vit import (
     ClassToken,
@@ -23,14 +26,6 @@ from keras_vit import (
     resize_pos_embed,
 )
 
-try:
-    import torch
-    from timm.layers import PatchEmbed, resample_abs_pos_embed
-    from timm.models.vision_transformer import Block
-except ImportError:  # the references are test extras (`pip install .[test]`)
-    torch = None
-
-needs_timm = pytest.mark.skipif(torch is None, reason="needs the test extras torch and timm")
 TOLERANCE = 1e-5
 
 
@@ -73,7 +68,6 @@ PATCH_CASES = [  # (patch, height, width, channels)
 ]
 
 
-@needs_timm
 @pytest.mark.parametrize("patch,height,width,channels", PATCH_CASES)
 def test_patch_encoder_matches_numpy_and_timm(patch, height, width, channels, rng):
     hidden = 8
@@ -174,7 +168,6 @@ def test_position_embedding_rejects_wrong_token_count():
         PositionEmbedding(3)(np.zeros((1, 17, 4), "float32"))
 
 
-@needs_timm
 @pytest.mark.parametrize(
     "new_grid,old_grid,old_tokens",
     [
@@ -257,7 +250,6 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float =
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
-@needs_timm
 @pytest.mark.parametrize("dim,num_heads,mlp_ratio", [(32, 4, 4.0), (24, 3, 2.5)])
 def test_transformer_block_matches_timm(dim, num_heads, mlp_ratio, rng):
     tokens = rng.normal(size=(2, 10, dim)).astype("float32")
@@ -272,7 +264,10 @@ def test_transformer_block_matches_timm(dim, num_heads, mlp_ratio, rng):
     assert block.compute_output_shape(tokens.shape) == output.shape
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the training-time GELU is TensorFlow's")
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="TensorFlow backend only: the training-time GELU is TensorFlow's",
+)
 def test_training_block_has_the_inference_values_and_gradients(rng):
     """While training on TensorFlow the MLP's GELU has a hand-written derivative
     (`layers._erf_gelu_lean_gradient`): outputs and the gradients of every weight and of the input
@@ -489,7 +484,6 @@ RESIZE_GRIDS = [  # (old grid, new grid, pass old_grid explicitly)
 ]
 
 
-@needs_timm
 @pytest.mark.parametrize("old_grid,new_grid,explicit", RESIZE_GRIDS)
 @pytest.mark.parametrize("method", ["bicubic", "bilinear"])
 @pytest.mark.parametrize("antialias", [True, False])
@@ -506,7 +500,6 @@ def test_resize_pos_embed_matches_timm(old_grid, new_grid, explicit, method, ant
     np.testing.assert_allclose(result, expected, atol=TOLERANCE, rtol=0)
 
 
-@needs_timm
 def test_resize_pos_embed_accepts_two_dimensional_input(rng):
     source = rng.normal(size=(1 + 16, 4)).astype("float32")
     result = resize_pos_embed(source, 6)

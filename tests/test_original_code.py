@@ -10,11 +10,14 @@ reference itself. timm and transformers checkpoints are checked against those li
 import json
 import zipfile
 
-import checkpoint_writers as writers
+import jax
 import keras
 import numpy as np
 import pytest
-from conftest import random_images
+from helpers import checkpoint_writers as writers
+from helpers import jax_reference as reference
+from helpers import random_images
+from scipy import ndimage as scipy_ndimage
 
 import keras_vit
 from keras_vit.converters import inspect_checkpoint, load_checkpoint
@@ -23,10 +26,6 @@ from keras_vit.models import ViT
 from keras_vit.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
 from keras_vit.pretrained import catalog_markdown, get_entry, list_pretrained
 from keras_vit.variants import NUMERICS, ViTConfig
-
-jax = pytest.importorskip("jax")
-scipy_ndimage = pytest.importorskip("scipy.ndimage")
-reference = pytest.importorskip("jax_reference")
 
 TRANSFORMER = dict(hidden_size=64, depth=2, num_heads=2, mlp_dim=128, num_classes=10)
 # (checkpoint arguments, keras_vit config) at 32 px: a plain ViT/4 (8x8 tokens); a hybrid with two
@@ -100,8 +99,9 @@ def test_reference_logits_are_recorded(kind, checkpoints):
 
 def _tiny_timm_vit():
     """A perturbed random timm ViT of `MODELS["plain"]`'s architecture (32 px, patches of 4)."""
-    torch = pytest.importorskip("torch")
-    timm = pytest.importorskip("timm")
+    import timm
+    import torch
+
     torch.manual_seed(0)
     model = timm.create_model(
         "vit_tiny_patch16_224",
@@ -123,7 +123,8 @@ def _tiny_timm_vit():
 def test_reference_with_exact_gelu_is_timm():
     """The transcription's layout (attention, tokens, head) agrees with timm, an independent
     implementation, once its one numerical difference, the tanh GELU, is made exact."""
-    torch = pytest.importorskip("torch")
+    import torch
+
     timm_model = _tiny_timm_vit()
     params = writers.timm_to_google_npz(writers.state_dict_numpy(timm_model), num_heads=2)
     images = random_images(2, (32, 32))
@@ -252,8 +253,9 @@ def test_source_numerics():
 
 
 def test_timm_and_hf_checkpoints_select_their_numerics(tmp_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
+
     config = MODELS["plain"][1]
     images = random_images(2, (32, 32))
 

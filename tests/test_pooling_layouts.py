@@ -7,14 +7,14 @@ big_vision reference is checked against timm loading the same file, so neither i
 Models are tiny (width 32, 2 blocks, 32 px images: 16 tokens).
 """
 
-import big_vision_reference as bv
-import checkpoint_writers as writers
 import keras
 import numpy as np
 import pytest
 import timm
 import torch
-from conftest import count_params_without_weights, random_images
+from helpers import big_vision_reference as bv
+from helpers import checkpoint_writers as writers
+from helpers import count_params_without_weights, random_images
 
 import keras_vit
 from keras_vit import inspect as vit_inspect

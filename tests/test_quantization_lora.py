@@ -55,7 +55,8 @@ def _agreement(reference: np.ndarray, actual: np.ndarray) -> float:
 
 def _digits(num_train: int = 1400):
     """sklearn's 8x8 digits as RGB in [-1, 1]: (train images, train labels), (test images, labels)."""
-    datasets = pytest.importorskip("sklearn.datasets")
+    from sklearn import datasets
+
     digits = datasets.load_digits()
     images = np.repeat((digits.images / 8.0 - 1.0).astype("float32")[..., None], 3, axis=-1)
     labels = digits.target.astype("int32")
@@ -159,8 +160,9 @@ def test_quantized_trained_model_agrees_with_float(mode, trained):
 
 def _photos(size: int) -> np.ndarray:
     """11 real photos (scikit-image's and scikit-learn's samples), preprocessed as the models expect."""
-    skimage_data = pytest.importorskip("skimage.data")
-    datasets = pytest.importorskip("sklearn.datasets")
+    from skimage import data as skimage_data
+    from sklearn import datasets
+
     names = ("astronaut", "chelsea", "coffee", "rocket", "cat", "immunohistochemistry", "hubble_deep_field")
     pictures = [getattr(skimage_data, name)() for name in names]
     pictures += [skimage_data.camera(), skimage_data.horse().astype("uint8") * 255]  # grayscale
@@ -171,11 +173,10 @@ def _photos(size: int) -> np.ndarray:
 @pytest.mark.parametrize("variant", ["vit_ti16", "vit_r_ti16"])
 def test_int8_on_photos_through_a_checkpoint(variant, tmp_path):
     """A (random-weight) timm checkpoint, converted and quantized: logits and features stay close."""
-    pytest.importorskip("timm")
-    import checkpoint_writers as writers
     import timm
     import torch
-    from conftest import HYBRID_TIMM_NAMES
+    from helpers import HYBRID_TIMM_NAMES
+    from helpers import checkpoint_writers as writers
 
     if variant in HYBRID_TIMM_NAMES:
         torch.manual_seed(0)
