@@ -77,6 +77,44 @@ def network_attempts(monkeypatch) -> list:
 
 
 @pytest.fixture
+def parity(record_property):
+    """`parity(actual, expected, tolerance)`: asserts max |actual - expected| <= tolerance, records it.
+
+    The recorded gaps are listed at the end of the run ("parity gaps"): the numbers the docs quote.
+    """
+
+    def check(actual, expected, tolerance: float, label: str = "") -> float:
+        actual, expected = np.asarray(actual, "float64"), np.asarray(expected, "float64")
+        assert actual.shape == expected.shape, (actual.shape, expected.shape)
+        gap = float(np.max(np.abs(actual - expected)))
+        record_property("parity_gap", (label, gap, tolerance))
+        assert gap <= tolerance, f"{label} max |difference| {gap:.2e} is above the tolerance {tolerance:.0e}"
+        return gap
+
+    return check
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every gap the `parity` fixture measured, with its tolerance."""
+    gaps = [
+        (report.nodeid, *value)
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        if report.when == "call"
+        for name, value in report.user_properties
+        if name == "parity_gap"
+    ]
+    rows = [
+        f"{gap:9.2e} (tolerance {tolerance:.0e})  {nodeid}{f' [{label}]' if label else ''}"
+        for nodeid, label, gap, tolerance in gaps
+    ]
+    if rows:
+        terminalreporter.write_sep("-", "parity gaps: max |difference|")
+        for row in sorted(rows, key=lambda row: row.split("  ", 1)[1]):
+            terminalreporter.write_line(row)
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 

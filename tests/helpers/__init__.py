@@ -50,3 +50,25 @@ def count_params_without_weights(build) -> int:
     finally:
         del model
         keras.backend.clear_session()
+
+
+def load_into_scrambled(model: keras.Model, source, **kwargs) -> keras.Model:
+    """`load_checkpoint(model, source, **kwargs)` into weights first set to random values, then
+    assert that every weight changed: a tensor the converter maps but never assigns cannot pass.
+    """
+    from keras_vit.converters import load_checkpoint
+
+    rng = np.random.default_rng(20261126)
+    before = {}
+    for variable in model.weights:
+        value = rng.normal(0.0, 1.0, variable.shape).astype(keras.backend.standardize_dtype(variable.dtype))
+        variable.assign(value)
+        before[variable.path] = value
+    load_checkpoint(model, source, **kwargs)
+    unmoved = [
+        variable.path
+        for variable in model.weights
+        if np.array_equal(keras.ops.convert_to_numpy(variable), before[variable.path])
+    ]
+    assert unmoved == [], f"weights the load left as they were: {unmoved}"
+    return model
