@@ -15,12 +15,14 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from helpers import checkpoint_writers as writers
 from helpers import random_images, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
 
 WORKER = Path(__file__).parent / "helpers" / "backend_worker.py"
+CHECKPOINT_WORKER = Path(__file__).parent / "helpers" / "checkpoint_worker.py"
 TOLERANCE = 1e-5
 CASES = {
     "plain": (ViTConfig("tiny_plain", 4, 32, 2, 2, 64, image_size=(16, 24)), {"representation_size": 8}),
@@ -133,3 +135,60 @@ def test_tensorflow_only_features_stop_at_once_on_another_backend(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "needs the TensorFlow backend" in done.stdout and "KERAS_BACKEND=tensorflow" in done.stdout
     assert "runs on 'jax'" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A tiny ViT as a timm safetensors file, a Google `.npz` and a transformers folder, with the
+    TensorFlow backend's logits for each (`create_model(config, pretrained=...)`)."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    config = ViTConfig("tiny_checkpoint", 4, 64, 2, 2, 128, image_size=32)
+    timm_model = writers.random_timm_vit_like(config, num_classes=10)
+    state = writers.state_dict_numpy(timm_model)
+    hf_model = writers.random_hf_vit(
+        "vit_ti16",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=4,
+        num_labels=10,
+    )
+    paths = [
+        writers.save_timm_safetensors(state, folder / "model.safetensors"),
+        writers.save_npz(writers.timm_to_google_npz(state, num_heads=2), folder / "model.npz"),
+        writers.save_hf(hf_model, folder / "hf", pytorch_bin=False),
+    ]
+    images = random_images(2, (32, 32))
+    np.save(folder / "images.npy", images)
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    expected = {
+        str(path): keras.ops.convert_to_numpy(
+            keras_vit.create_model(config, pretrained=path, classifier_activation=None)(images)
+        )
+        for path in paths
+    }
+    return folder, expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loading_checkpoints_needs_no_tensorflow(backend, checkpoints, tmp_path):
+    """Under JAX or PyTorch, TensorFlow blocked: every format inspected and loaded, TensorFlow's logits."""
+    folder, expected = checkpoints
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(CHECKPOINT_WORKER), str(folder / "config.json"), str(folder / "images.npy"),
+         str(out), *expected],
+        env=subprocess_env(KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["backend"] == backend and result["tensorflow_imported"] == []
+    formats = [result["checkpoints"][path]["format"] for path in expected]
+    assert formats == ["timm", "google_npz", "hf"]
+    for path, logits in expected.items():
+        np.testing.assert_allclose(result["checkpoints"][path]["logits"], logits, atol=TOLERANCE, rtol=0)

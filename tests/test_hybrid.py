@@ -101,8 +101,11 @@ PARITY_CASES = [
     pytest.param("vit_r26_s32", (225, 289), id="vit_r26_s32-(225, 289)", marks=pytest.mark.slow),
     # the paper's R50+ViT-B/16 (resized like the R26: same code, 70 s more)
     pytest.param("vit_r50_b16", 224, id="vit_r50_b16-224", marks=pytest.mark.slow),
+    pytest.param("vit_r50_b16", (289, 225), id="vit_r50_b16-(289, 225)", marks=pytest.mark.slow),
     # stem only: timm keys `patch_embed.backbone.conv/norm`
     pytest.param("vit_r_ti16", 224, id="vit_r_ti16-224"),
+    pytest.param("vit_r_ti16", 288, id="vit_r_ti16-288"),
+    pytest.param("vit_r_ti16", (289, 225), id="vit_r_ti16-(289, 225)"),
 ]
 
 

@@ -342,6 +342,35 @@ def test_timm_and_hf_checkpoints_select_their_numerics(tmp_path, parity):
     parity(_logits(model, images), expected, TOLERANCE["hf"], "hf")
 
 
+@pytest.mark.parametrize("size", [(48, 48), (32, 48)], ids=["square", "non-square"])
+def test_hf_interpolation_is_transformers_interpolate_pos_encoding(size, tmp_path, parity):
+    """`pos_embed_interpolation="hf"` on a transformers checkpoint at another size: the logits of
+    transformers' own `interpolate_pos_encoding=True`."""
+    import torch
+
+    hf_model = writers.random_hf_vit(
+        "vit_ti16",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=4,
+        num_labels=10,
+    )
+    directory = writers.save_hf(hf_model, tmp_path / "hf", pytorch_bin=False)
+    images = random_images(2, size)
+    with torch.no_grad():
+        pixels = writers.to_torch(images)
+        expected = hf_model(pixel_values=pixels, interpolate_pos_encoding=True).logits.numpy()
+    options = dict(image_size=size, pos_embed_interpolation="hf", classifier_activation=None)
+    model = keras_vit.create_model(MODELS["plain"][1], pretrained=directory, **options)
+    parity(_logits(model, images), expected, TOLERANCE["hf"])
+    # the default for transformers files, timm's antialiased resampling, is another embedding
+    load_checkpoint(model, directory, pos_embed_interpolation="timm")
+    assert _max_diff(_logits(model, images), expected) > 1e-3
+
+
 def test_catalog_rows_name_their_sources_numerics():
     for tag in list_pretrained():
         entry = get_entry(tag)
