@@ -88,7 +88,7 @@ def parity(record_property):
         assert actual.shape == expected.shape, (actual.shape, expected.shape)
         gap = float(np.max(np.abs(actual - expected)))
         record_property("parity_gap", (label, gap, tolerance))
-        assert gap <= tolerance, f"{label} max |difference| {gap:.2e} is above the tolerance {tolerance:.0e}"
+        assert gap <= tolerance, f"{label} max |difference| {gap:.2e} is above the tolerance {tolerance:.2g}"
         return gap
 
     return check
@@ -105,7 +105,7 @@ def pytest_terminal_summary(terminalreporter):
         if name == "parity_gap"
     ]
     rows = [
-        f"{gap:9.2e} (tolerance {tolerance:.0e})  {nodeid}{f' [{label}]' if label else ''}"
+        f"{gap:9.2e} (tolerance {tolerance:.2g})  {nodeid}{f' [{label}]' if label else ''}"
         for nodeid, label, gap, tolerance in gaps
     ]
     if rows:

@@ -25,6 +25,8 @@ from keras_vit import (
     TransformerBlock,
     resize_pos_embed,
 )
+from keras_vit.models import build_vit
+from keras_vit.variants import ViTConfig
 
 TOLERANCE = 1e-5
 
@@ -516,3 +518,33 @@ def test_resize_pos_embed_errors():
         resize_pos_embed(non_square, (4, 4), old_grid=(3, 5), method="nearest")
     with pytest.raises(ValueError, match=r"pos_embed must have shape"):
         resize_pos_embed(np.zeros((2, 17, 4), "float32"), (4, 4))
+
+
+# ---- mixed precision: every layer in its policy's dtype, the model's values those of float32 -------
+
+MIXED_FLOAT16_TOLERANCE = 5e-3  # max |logit difference| / max |float32 logit|
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ViTConfig("tiny_plain", 4, 32, 2, 2, 64, image_size=(16, 24)),
+        ViTConfig("tiny_hybrid", 1, 64, 1, 2, 128, resnet_stages=(1, 1), image_size=32),
+    ],
+    ids=["plain", "hybrid"],
+)
+def test_mixed_float16_logits_are_float32_logits(config, parity, rng):
+    """`mixed_float16`: float16 compute, float32 weights and logits, within MIXED_FLOAT16_TOLERANCE."""
+    reference = build_vit(config, num_classes=5, classifier_activation=None)
+    reference.set_weights([w + rng.normal(0, 0.05, w.shape).astype(w.dtype) for w in reference.get_weights()])
+    images = rng.uniform(-1, 1, (2, *config.image_hw, 3)).astype("float32")
+    expected = keras.ops.convert_to_numpy(reference(images, training=False))
+
+    keras.config.set_dtype_policy("mixed_float16")
+    model = build_vit(config, num_classes=5, classifier_activation=None)
+    model.set_weights(reference.get_weights())
+    assert model.blocks[0].fc1.compute_dtype == "float16" and model.blocks[0].fc1.kernel.dtype == "float32"
+    logits = keras.ops.convert_to_numpy(model(images, training=False))
+    assert logits.dtype == np.float32
+    scale = np.abs(expected).max()
+    parity(logits / scale, expected / scale, MIXED_FLOAT16_TOLERANCE, "relative to max |logit|")
