@@ -195,7 +195,7 @@ def test_reference_resnet_with_timm_numerics_is_timm(stem, size, parity):
     reference_logits = reference.apply(params, images, approximate_gelu=False, stem_numerics="timm")
     parity(reference_logits, logits, TOLERANCE["reference-timm"], "logits")
     # ... and the original numerics are another function: the stem's difference shows
-    assert _max_diff(reference.stem_features(params, images), features) > 10 * TOLERANCE["stem"]
+    assert _max_diff(reference.stem_features(params, images), features) > 5 * TOLERANCE["stem"]
 
 
 # ---- numerics follow the checkpoint's source ---------------------------------------------------
