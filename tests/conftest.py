@@ -33,6 +33,19 @@ EXPECTED_SKIPS = (
     "run from the TensorFlow suite:",  # test_backends.py drives the other backends from there
 )
 
+# The modules whose subject does not depend on the Keras backend: under `KERAS_BACKEND=jax|torch`,
+# `python -m pytest` collects these only (the rest is TensorFlow by nature: tf.data pipelines,
+# tf.distribute, export, the training driver; test_backends.py drives the other backends from there).
+BACKEND_NEUTRAL_MODULES = {
+    "test_layers.py",
+    "test_model_contract.py",
+    "test_converters.py",
+    "test_hybrid.py",
+    "test_quantization_lora.py",
+    "test_original_code.py",
+    "test_pooling_layouts.py",
+}
+
 TEST_WORKERS_CAP = 4  # each worker imports TensorFlow, PyTorch and the references (~2 GB), 2-thread ops
 
 
@@ -43,6 +56,15 @@ def pytest_xdist_auto_num_workers(config) -> int:
     building), so two workers on a 2-core machine finish well before one process.
     """
     return max(1, min(len(os.sched_getaffinity(0)), TEST_WORKERS_CAP))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """On JAX or PyTorch, only BACKEND_NEUTRAL_MODULES are collected."""
+    if keras.backend.backend() == "tensorflow" or collection_path.suffix != ".py":
+        return None
+    if collection_path.name.startswith("test_") and collection_path.name not in BACKEND_NEUTRAL_MODULES:
+        return True
+    return None
 
 
 @pytest.fixture(autouse=True)

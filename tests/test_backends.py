@@ -1,10 +1,12 @@
 """Keras 3 backends: the same `.keras` file and the same logits on JAX, PyTorch and TensorFlow.
 
-The rest of the backend-neutral suite (layers, models, converters' parity, hybrids, quantization,
-LoRA) runs on every backend from `.ci/run` (`KERAS_BACKEND=jax|torch python -m pytest ...`);
-this module checks what needs two backends at once, with `tests/helpers/backend_worker.py` in a
-subprocess per backend: models saved here load there with logits within 1e-5, train there
-(NumPy arrays, `PyDataset`) without importing TensorFlow, and what they save loads back here.
+The backend-neutral modules (tests/conftest.py's BACKEND_NEUTRAL_MODULES: layers, model contract,
+every converter's parity, hybrids, the original code, GAP/MAP layouts, quantization and LoRA) run
+on every backend from `.ci/run` (`KERAS_BACKEND=jax|torch python -m pytest`, which collects only
+those). This module checks what needs two backends at once, with a subprocess per backend:
+models saved here load there with logits within 1e-5, train there (NumPy arrays, `PyDataset`)
+without importing TensorFlow, and what they save loads back here (`tests/helpers/backend_worker.py`);
+checkpoints load there with TensorFlow blocked (`tests/helpers/checkpoint_worker.py`).
 """
 
 import json
@@ -85,40 +87,6 @@ def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_p
         np.testing.assert_allclose(
             keras.ops.convert_to_numpy(back(images, training=False)), expected[case], atol=TOLERANCE, rtol=0
         )
-
-
-# The backend-neutral modules: models and their contract, every converter's parity, hybrids,
-# quantization and LoRA, parity with the original JAX code and the GAP/MAP layouts (the layers
-# run inside all of them; tests/test_layers.py's own checks of each layer's arithmetic were run
-# on all three backends once and are left to TensorFlow to keep CI short). Data pipelines,
-# tf.distribute and export are TensorFlow by nature.
-NEUTRAL_MODULES = [
-    "test_model_contract.py",
-    "test_converters.py",
-    "test_hybrid.py",
-    "test_quantization_lora.py",
-    "test_original_code.py",
-    "test_pooling_layouts.py",
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_neutral_suite_passes_on(backend):
-    """The quick backend-neutral tests, run in a pytest of their own under `KERAS_BACKEND=backend`."""
-    tests = Path(__file__).parent
-    modules = [str(tests / name) for name in NEUTRAL_MODULES if (tests / name).exists()]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "not slow", "-p", "no:randomly", *modules],
-        env=subprocess_env(KERAS_BACKEND=backend),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=tests.parent,
-    )
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-    assert done.returncode == 0, f"{backend}: {summary}\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
-    assert " passed" in summary and " failed" not in summary, summary
 
 
 def test_tensorflow_only_features_stop_at_once_on_another_backend(tmp_path):
