@@ -63,7 +63,7 @@ def saved_here(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_path):
+def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_path, parity):
     folder, expected = saved_here
     done = subprocess.run(
         [sys.executable, str(WORKER), str(folder), str(tmp_path)],
@@ -79,14 +79,13 @@ def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_p
     for case, (config, _) in CASES.items():
         there = result["cases"][case]
         assert there["class"] == "ViT" and ViTConfig.from_dict(there["config"]) == config
-        np.testing.assert_allclose(np.array(there["logits"]), expected[case], atol=TOLERANCE, rtol=0)
+        parity(np.array(there["logits"]), expected[case], TOLERANCE, f"{case} there")
         assert there["rollout_shape"] == [2, *config.image_hw]  # the rollout map at image resolution
         # ... and what that backend saved loads here with the same logits.
         back = keras_vit.load_model(tmp_path / f"{case}.keras")
         images = np.load(folder / f"{case}.npy")
-        np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(back(images, training=False)), expected[case], atol=TOLERANCE, rtol=0
-        )
+        logits = keras.ops.convert_to_numpy(back(images, training=False))
+        parity(logits, expected[case], TOLERANCE, f"{case} back")
 
 
 def test_tensorflow_only_features_stop_at_once_on_another_backend(tmp_path):
@@ -141,7 +140,7 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_loading_checkpoints_needs_no_tensorflow(backend, checkpoints, tmp_path):
+def test_loading_checkpoints_needs_no_tensorflow(backend, checkpoints, tmp_path, parity):
     """Under JAX or PyTorch, TensorFlow blocked: every format inspected and loaded, TensorFlow's logits."""
     folder, expected = checkpoints
     out = tmp_path / "result.json"
@@ -159,4 +158,4 @@ def test_loading_checkpoints_needs_no_tensorflow(backend, checkpoints, tmp_path)
     formats = [result["checkpoints"][path]["format"] for path in expected]
     assert formats == ["timm", "google_npz", "hf"]
     for path, logits in expected.items():
-        np.testing.assert_allclose(result["checkpoints"][path]["logits"], logits, atol=TOLERANCE, rtol=0)
+        parity(result["checkpoints"][path]["logits"], logits, TOLERANCE, Path(path).name)

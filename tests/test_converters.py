@@ -2,7 +2,7 @@
 
 References are random-weight timm / transformers models (perturbed so no tensor is trivial),
 written as timm safetensors, Google .npz (checked with timm's own npz loader) and transformers
-`save_pretrained` / `torch.save` files. keras_vit logits must match the reference's to 1e-4.
+`save_pretrained` / `torch.save` files. keras_vit logits must match the reference's to `TOLERANCE`.
 """
 
 import os
@@ -26,7 +26,10 @@ from keras_vit.converters import (
     read_checkpoint,
 )
 
-TOLERANCE = 1e-4
+# Max |logit difference| allowed per variant, float32: about twice the largest gap measured on the
+# TensorFlow, JAX and PyTorch backends (the "parity gaps" `python -m pytest -n 0 -m "slow or not slow"
+# tests/test_converters.py` lists; the gap grows with width and token count).
+TOLERANCE = {"vit_ti16": 1.2e-5, "vit_s16": 1.3e-5, "vit_b16": 2.7e-5, "vit_b32": 3.6e-5}
 HEADS = {"vit_ti16": 3, "vit_s16": 6, "vit_b16": 12, "vit_b32": 12}
 # Every format's parity on ViT-Ti/16 stays in the quick loop; the bigger variants (~40 s) are slow.
 PARITY_VARIANTS = [
@@ -108,7 +111,7 @@ def test_timm_safetensors_parity(variant, keras_model, timm_vit, tmp_path, parit
     model = keras_model(variant)
     load_into_scrambled(model, path)
     images = random_images()
-    parity(_keras(model, images), _timm(reference, images), TOLERANCE)
+    parity(_keras(model, images), _timm(reference, images), TOLERANCE[variant])
 
 
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
@@ -135,7 +138,7 @@ def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path, parity):
     )
     model = keras_model(variant)
     load_into_scrambled(model, path)
-    parity(_keras(model, images), expected, TOLERANCE)
+    parity(_keras(model, images), expected, TOLERANCE[variant])
 
 
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
@@ -158,7 +161,7 @@ def test_hf_parity_safetensors_and_bin(variant, keras_model, tmp_path, parity):
             1000,
         )
         load_into_scrambled(model, path)  # nothing left from the previous load
-        parity(_keras(model, images), expected, TOLERANCE, name)
+        parity(_keras(model, images), expected, TOLERANCE[variant], name)
 
 
 # ---- loading rules ----------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def test_position_embedding_resized_like_timm(image_size, keras_model, timm_vit,
     for state in (ti_state, writers.timm_to_google_npz(ti_state, 3)):  # timm and Google layouts
         # timm's resampling, the default for timm files and chosen for the Google layout
         load_into_scrambled(model, state, pos_embed_interpolation="timm")
-        parity(_keras(model, images), expected, TOLERANCE)
+        parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
 
 def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti_state, tmp_path, parity):
@@ -190,7 +193,7 @@ def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti
     images = random_images()
     features = _timm_features(timm_vit("vit_ti16"), images).astype("float64")
     expected = np.tanh(features @ pre_logits[0] + pre_logits[1]) @ arrays["head/kernel"] + arrays["head/bias"]
-    parity(_keras(model, images), expected, TOLERANCE)
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
     with pytest.warns(UserWarning, match="pre-logits layer \\(192 wide\\) is skipped"):
         load_checkpoint(keras_model("vit_ti16"), path)
@@ -209,7 +212,7 @@ def test_hf_pooler_is_pre_logits(keras_model, tmp_path, parity):
     images = random_images()
     with torch.no_grad():
         expected = reference(pixel_values=writers.to_torch(images)).pooler_output.numpy()
-    parity(_keras(model, images), expected, TOLERANCE)
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
 
 def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state, parity):
@@ -226,7 +229,7 @@ def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state, pari
 
     features = keras_model("vit_ti16", include_top=False)
     load_into_scrambled(features, ti_state)
-    parity(_keras(features, images), _timm_features(timm_vit("vit_ti16"), images), TOLERANCE)
+    parity(_keras(features, images), _timm_features(timm_vit("vit_ti16"), images), TOLERANCE["vit_ti16"])
 
 
 @pytest.mark.parametrize("channels", [1, 4])
@@ -238,7 +241,7 @@ def test_input_channels_adapted_like_timm(channels, keras_model, timm_vit, ti_st
     model = keras_model("vit_ti16", channels=channels)
     load_into_scrambled(model, ti_state)
     images = random_images(channels=channels)
-    parity(_keras(model, images), _timm(reference, images), TOLERANCE)
+    parity(_keras(model, images), _timm(reference, images), TOLERANCE["vit_ti16"])
 
 
 def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state, parity):
@@ -251,7 +254,7 @@ def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state, par
     legacy = {f"opt/target/{key}": value for key, value in arrays.items()}
     legacy["opt/state/step"] = np.array(7)
     load_into_scrambled(model, legacy)
-    parity(_keras(model, images), expected, TOLERANCE)
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
     # big_vision: params/ prefix, Linen names, scan-stacked blocks, position embedding without the
     # [class] token's row (added before the token is prepended: that row folds into the token).
@@ -272,7 +275,7 @@ def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state, par
     info = inspect_checkpoint(big_vision)
     assert (info.variant, info.num_heads, info.grid) == ("vit_ti16", 3, (14, 14))
     load_into_scrambled(model, big_vision)
-    parity(_keras(model, images), expected, TOLERANCE)
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
 
 # ---- reading ----------------------------------------------------------------------------------

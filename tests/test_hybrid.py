@@ -25,9 +25,10 @@ REFERENCE_PARAMS = {
     "vit_r26_s32": 36_431_912,
     "vit_r_ti16": 6_337_704,
 }
-# Max |logit difference| allowed against timm, float32: the converters' 1e-4 (the measured gaps are the
-# "parity gaps" that `python -m pytest -n 0 -m "slow or not slow" tests/test_hybrid.py` lists).
-TOLERANCE = 1e-4
+# Max |logit difference| allowed against timm, float32: about twice the largest gap measured on the
+# TensorFlow, JAX and PyTorch backends (the "parity gaps" `python -m pytest -n 0 -m "slow or not slow"
+# tests/test_hybrid.py` lists).
+TOLERANCE = 1e-5
 # A small hybrid with both unit kinds (projection and identity shortcut) for the cheap tests.
 SMALL = ViTConfig("small_hybrid", 1, 64, 1, 2, 128, resnet_stages=(2, 1))
 
