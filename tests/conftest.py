@@ -1,29 +1,50 @@
-"""Shared test setup: quiet TensorFlow, float32 everywhere, deterministic seeds, and common helpers.
+"""Shared test setup: quiet TensorFlow, float32 everywhere, deterministic seeds, no silent skips.
 
-tests/ is not a package: pytest puts this directory on `sys.path` (its default "prepend" import
-mode), so test modules import the plain helpers below with `from conftest import ...`, as they
-import `checkpoint_writers`.
+Helpers that tests import live in `tests/helpers/` (`from helpers import random_images`); this
+file holds the fixtures and hooks only.
+
+The `test` set-up (`pip install -e ".[test]"`) is required: a missing reference library is an
+import error here, not a module of silently skipped tests. A test may skip only for a reason in
+`EXPECTED_SKIPS` (a feature that exists on one Keras backend only); any other skip is reported
+as a failure.
 """
 
 import os
+import socket
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
 
 # torchvision (imported by timm) segfaults when loaded after TensorFlow on this stack
 # (TF 2.21 + torch 2.14.1): the reference libraries must be imported first.
-try:
-    import timm  # noqa: F401
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-except ImportError:  # the references are test extras; tests that need them skip
-    pass
+# isort: off
+import timm  # noqa: F401, E402
+import torch  # noqa: F401, E402
+import transformers  # noqa: F401, E402
 
+# isort: on
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from keras_vit.converters.write_timm import TIMM_ARCHITECTURES  # noqa: E402
+# The reasons a test may skip for (pytest.skip / skipif reasons start with one of these).
+EXPECTED_SKIPS = (
+    "TensorFlow backend only:",  # tf.data, tf.distribute, SavedModel, TensorFlow's own kernels
+    "run from the TensorFlow suite:",  # test_backends.py drives the other backends from there
+)
+
+# The modules whose subject does not depend on the Keras backend: under `KERAS_BACKEND=jax|torch`,
+# `python -m pytest` collects these only (the rest is TensorFlow by nature: tf.data pipelines,
+# tf.distribute, export, the training driver; test_backends.py drives the other backends from there).
+BACKEND_NEUTRAL_MODULES = {
+    "test_layers.py",
+    "test_model_contract.py",
+    "test_converters.py",
+    "test_hybrid.py",
+    "test_quantization_lora.py",
+    "test_original_code.py",
+    "test_pooling_layouts.py",
+}
 
 TEST_WORKERS_CAP = 4  # each worker imports TensorFlow, PyTorch and the references (~2 GB), 2-thread ops
 
@@ -37,6 +58,15 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), TEST_WORKERS_CAP))
 
 
+def pytest_ignore_collect(collection_path, config):
+    """On JAX or PyTorch, only BACKEND_NEUTRAL_MODULES are collected."""
+    if keras.backend.backend() == "tensorflow" or collection_path.suffix != ".py":
+        return None
+    if collection_path.name.startswith("test_") and collection_path.name not in BACKEND_NEUTRAL_MODULES:
+        return True
+    return None
+
+
 @pytest.fixture(autouse=True)
 def _float32_policy():
     """Every test starts (and ends) under the float32 policy with fixed seeds."""
@@ -47,44 +77,96 @@ def _float32_policy():
 
 
 @pytest.fixture
+def network_attempts(monkeypatch) -> list:
+    """Every name lookup and connection the test makes, each refused as on a machine with no network.
+
+    A test asserts on the list (e.g. one probe, then nothing) instead of timing the code.
+    """
+    attempts = []
+
+    def refuse_lookup(host, port, *args, **kwargs):
+        attempts.append((host, port))
+        raise socket.gaierror(socket.EAI_NONAME, f"no network in this test ({host}:{port})")
+
+    def refuse_connection(self, address):
+        attempts.append(address)
+        raise ConnectionRefusedError(f"no network in this test ({address})")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse_lookup)
+    monkeypatch.setattr(socket.socket, "connect", refuse_connection)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse_connection)
+    return attempts
+
+
+@pytest.fixture
+def parity(record_property):
+    """`parity(actual, expected, tolerance)`: asserts max |actual - expected| <= tolerance, records it.
+
+    The recorded gaps are listed at the end of the run ("parity gaps"): the numbers the docs quote.
+    """
+
+    def check(actual, expected, tolerance: float, label: str = "") -> float:
+        actual, expected = np.asarray(actual, "float64"), np.asarray(expected, "float64")
+        assert actual.shape == expected.shape, (actual.shape, expected.shape)
+        gap = float(np.max(np.abs(actual - expected)))
+        record_property("parity_gap", (label, gap, tolerance))
+        assert gap <= tolerance, f"{label} max |difference| {gap:.2e} is above the tolerance {tolerance:.2g}"
+        return gap
+
+    return check
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every gap the `parity` fixture measured, with its tolerance."""
+    gaps = [
+        (report.nodeid, *value)
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        if report.when == "call"
+        for name, value in report.user_properties
+        if name == "parity_gap"
+    ]
+    rows = [
+        f"{gap:9.2e} (tolerance {tolerance:.2g})  {nodeid}{f' [{label}]' if label else ''}"
+        for nodeid, label, gap, tolerance in gaps
+    ]
+    if rows:
+        terminalreporter.write_sep("-", "parity gaps: max |difference|")
+        for row in sorted(rows, key=lambda row: row.split("  ", 1)[1]):
+            terminalreporter.write_line(row)
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
-# keras_vit variant -> timm model name of the same architecture at 224 px (1000-class head).
-TIMM_NAMES = TIMM_ARCHITECTURES
-HYBRID_TIMM_NAMES = {
-    "vit_r50_b16": "vit_base_r50_s16_224",
-    "vit_r50_l32": "vit_large_r50_s32_224",
-    "vit_r26_b32": "vit_base_r26_s32_224",
-    "vit_r26_s32": "vit_small_r26_s32_224",
-    "vit_r_ti16": "vit_tiny_r_s16_p8_224",
-}
+def _skip_reason(report: pytest.TestReport) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
-def random_images(batch=2, size=(224, 224), channels=3, seed=0) -> np.ndarray:
-    """NHWC float32 images, uniform in [-1, 1] (the models' input range), from a fixed seed."""
-    return np.random.default_rng(seed).uniform(-1, 1, (batch, *size, channels)).astype("float32")
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip whose reason is not in EXPECTED_SKIPS fails: the set-up should have enabled that test."""
+    report = yield
+    if (
+        report.skipped
+        and not hasattr(report, "wasxfail")
+        and not _skip_reason(report).startswith(EXPECTED_SKIPS)
+    ):
+        report.outcome = "failed"
+        report.longrepr = (
+            f'unexpected skip: {_skip_reason(report)!r}. The test set-up (pip install -e ".[test]") '
+            "should run this test: install what it needs, or fix the test (conftest.py: EXPECTED_SKIPS)."
+        )
+    return report
 
 
-def subprocess_env(**extra) -> dict:
-    """The environment for a test's Python subprocess: no TF_CONFIG, quiet TensorFlow, offline hub."""
-    env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", HF_HUB_OFFLINE="1", **extra)
-    return env
-
-
-def count_params_without_weights(build) -> int:
-    """`build().count_params()` without allocating or initialising any weight.
-
-    Variables created in a Keras stateless scope that does not initialise them on exit get their
-    shapes but no values, so even ViT-H/14 (632M parameters) takes a fraction of a second and no memory.
-    `clear_session` then drops the scope's list of uninitialised variables.
-    """
-    with keras.StatelessScope(initialize_variables=False):
-        model = build()
-    try:
-        return model.count_params()
-    finally:
-        del model
-        keras.backend.clear_session()
+def pytest_sessionfinish(session, exitstatus):
+    """No tests collected is an error (exit 1), never pytest's quiet exit status 5."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("no tests were collected: check the paths, -k and -m", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,13 +1,14 @@
 """Keras 3 backends: the same `.keras` file and the same logits on JAX, PyTorch and TensorFlow.
 
-The rest of the backend-neutral suite (layers, models, converters' parity, hybrids, quantization,
-LoRA) runs on every backend from `.ci/run` (`KERAS_BACKEND=jax|torch python -m pytest ...`);
-this module checks what needs two backends at once, with `tests/backend_worker.py` in a
-subprocess per backend: models saved here load there with logits within 1e-5, train there
-(NumPy arrays, `PyDataset`) without importing TensorFlow, and what they save loads back here.
+The backend-neutral modules (tests/conftest.py's BACKEND_NEUTRAL_MODULES: layers, model contract,
+every converter's parity, hybrids, the original code, GAP/MAP layouts, quantization and LoRA) run
+on every backend from `.ci/run` (`KERAS_BACKEND=jax|torch python -m pytest`, which collects only
+those). This module checks what needs two backends at once, with a subprocess per backend:
+models saved here load there with the same logits (to `TOLERANCE`), train there (NumPy arrays, `PyDataset`)
+without importing TensorFlow, and what they save loads back here (`tests/helpers/backend_worker.py`);
+checkpoints load there with TensorFlow blocked (`tests/helpers/checkpoint_worker.py`).
 """
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,27 +17,29 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import random_images, subprocess_env
+from helpers import checkpoint_writers as writers
+from helpers import random_images, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
 
-WORKER = Path(__file__).with_name("backend_worker.py")
-TOLERANCE = 1e-5
+WORKER = Path(__file__).parent / "helpers" / "backend_worker.py"
+CHECKPOINT_WORKER = Path(__file__).parent / "helpers" / "checkpoint_worker.py"
+# Max |logit difference| between backends, float32: about twice the largest gap measured (the "parity
+# gaps" `python -m pytest -n 0 tests/test_backends.py` lists): a `.keras` file's logits, and the logits
+# of a checkpoint loaded on each backend.
+TOLERANCE = 3e-7
+CHECKPOINT_TOLERANCE = 2e-6
 CASES = {
     "plain": (ViTConfig("tiny_plain", 4, 32, 2, 2, 64, image_size=(16, 24)), {"representation_size": 8}),
     "hybrid": (ViTConfig("tiny_hybrid", 1, 32, 1, 2, 64, resnet_stages=(1,), image_size=32), {}),
     "gap": (ViTConfig("tiny_gap", 4, 32, 1, 2, 64, image_size=16, pooling="gap", class_token=False), {}),
 }
-BACKENDS = [
-    pytest.param(
-        name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"no {module}")
-    )
-    for name, module in (("jax", "jax"), ("torch", "torch"))
-]
+BACKENDS = ["jax", "torch"]
 
 pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "tensorflow", reason="drives the other backends from the TensorFlow suite"
+    keras.backend.backend() != "tensorflow",
+    reason="run from the TensorFlow suite: drives the others",
 )
 
 
@@ -64,7 +67,7 @@ def saved_here(tmp_path_factory):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_path):
+def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_path, parity):
     folder, expected = saved_here
     done = subprocess.run(
         [sys.executable, str(WORKER), str(folder), str(tmp_path)],
@@ -80,48 +83,13 @@ def test_keras_files_and_logits_agree_across_backends(backend, saved_here, tmp_p
     for case, (config, _) in CASES.items():
         there = result["cases"][case]
         assert there["class"] == "ViT" and ViTConfig.from_dict(there["config"]) == config
-        np.testing.assert_allclose(np.array(there["logits"]), expected[case], atol=TOLERANCE, rtol=0)
+        parity(np.array(there["logits"]), expected[case], TOLERANCE, f"{case} there")
         assert there["rollout_shape"] == [2, *config.image_hw]  # the rollout map at image resolution
         # ... and what that backend saved loads here with the same logits.
         back = keras_vit.load_model(tmp_path / f"{case}.keras")
         images = np.load(folder / f"{case}.npy")
-        np.testing.assert_allclose(
-            keras.ops.convert_to_numpy(back(images, training=False)), expected[case], atol=TOLERANCE, rtol=0
-        )
-
-
-# The backend-neutral modules: models and their contract, every converter's parity, hybrids,
-# quantization and LoRA, parity with the original JAX code and the GAP/MAP layouts (the layers
-# run inside all of them; tests/test_layers.py's own checks of each layer's arithmetic were run
-# on all three backends once and are left to TensorFlow to keep CI short). Data pipelines,
-# tf.distribute and export are TensorFlow by nature.
-NEUTRAL_MODULES = [
-    "test_model_contract.py",
-    "test_converters.py",
-    "test_hybrid.py",
-    "test_quantization_lora.py",
-    "test_original_code.py",
-    "test_pooling_layouts.py",
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_neutral_suite_passes_on(backend):
-    """The quick backend-neutral tests, run in a pytest of their own under `KERAS_BACKEND=backend`."""
-    tests = Path(__file__).parent
-    modules = [str(tests / name) for name in NEUTRAL_MODULES if (tests / name).exists()]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "not slow", "-p", "no:randomly", *modules],
-        env=subprocess_env(KERAS_BACKEND=backend),
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        cwd=tests.parent,
-    )
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-    assert done.returncode == 0, f"{backend}: {summary}\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
-    assert " passed" in summary and " failed" not in summary, summary
+        logits = keras.ops.convert_to_numpy(back(images, training=False))
+        parity(logits, expected[case], TOLERANCE, f"{case} back")
 
 
 def test_tensorflow_only_features_stop_at_once_on_another_backend(tmp_path):
@@ -138,3 +106,60 @@ def test_tensorflow_only_features_stop_at_once_on_another_backend(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "needs the TensorFlow backend" in done.stdout and "KERAS_BACKEND=tensorflow" in done.stdout
     assert "runs on 'jax'" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A tiny ViT as a timm safetensors file, a Google `.npz` and a transformers folder, with the
+    TensorFlow backend's logits for each (`create_model(config, pretrained=...)`)."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    config = ViTConfig("tiny_checkpoint", 4, 64, 2, 2, 128, image_size=32)
+    timm_model = writers.random_timm_vit_like(config, num_classes=10)
+    state = writers.state_dict_numpy(timm_model)
+    hf_model = writers.random_hf_vit(
+        "vit_ti16",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        image_size=32,
+        patch_size=4,
+        num_labels=10,
+    )
+    paths = [
+        writers.save_timm_safetensors(state, folder / "model.safetensors"),
+        writers.save_npz(writers.timm_to_google_npz(state, num_heads=2), folder / "model.npz"),
+        writers.save_hf(hf_model, folder / "hf", pytorch_bin=False),
+    ]
+    images = random_images(2, (32, 32))
+    np.save(folder / "images.npy", images)
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    expected = {
+        str(path): keras.ops.convert_to_numpy(
+            keras_vit.create_model(config, pretrained=path, classifier_activation=None)(images)
+        )
+        for path in paths
+    }
+    return folder, expected
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loading_checkpoints_needs_no_tensorflow(backend, checkpoints, tmp_path, parity):
+    """Under JAX or PyTorch, TensorFlow blocked: every format inspected and loaded, TensorFlow's logits."""
+    folder, expected = checkpoints
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, str(CHECKPOINT_WORKER), str(folder / "config.json"), str(folder / "images.npy"),
+         str(out), *expected],
+        env=subprocess_env(KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["backend"] == backend and result["tensorflow_imported"] == []
+    formats = [result["checkpoints"][path]["format"] for path in expected]
+    assert formats == ["timm", "google_npz", "hf"]
+    for path, logits in expected.items():
+        parity(result["checkpoints"][path]["logits"], logits, CHECKPOINT_TOLERANCE, Path(path).name)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import torch
-from checkpoint_writers import state_dict_numpy
+from helpers.checkpoint_writers import state_dict_numpy
 from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from checkpoint_writers import random_timm_vit, save_timm_safetensors, to_torch
+from helpers.checkpoint_writers import random_timm_vit, save_timm_safetensors, to_torch
 from PIL import Image
 
 import keras_vit
@@ -49,11 +49,20 @@ def test_predict_matches_reference(checkpoint, photo, capsys):
     assert lines[0].split()[1] == str(best)
 
 
-def test_convert_and_checkpoint_info(checkpoint, tmp_path, capsys):
-    path, _ = checkpoint
+def test_convert_and_checkpoint_info(checkpoint, tmp_path, capsys, parity):
+    path, reference = checkpoint
     assert cli.main(["checkpoint", str(path)]) == 0
     out = capsys.readouterr().out
     assert "format: timm" in out and "hidden_size: 192" in out
+    # the .keras file computes the checkpoint's logits (up to the factory's softmax on top)
+    target = tmp_path / "ti.keras"
+    assert cli.main(["convert", str(target), "--model", "vit_ti16", "--weights", str(path)]) == 0
+    model = keras.models.load_model(target)
+    images = keras_vit.preprocess_input(np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3)))
+    with __import__("torch").no_grad():
+        expected = reference(to_torch(images)).log_softmax(-1).numpy()
+    parity(np.log(keras.ops.convert_to_numpy(model(images))), expected, 1e-5, "log-probabilities")
+    # another class count: a new head on the same features
     target = tmp_path / "tiny.keras"
     args = ["convert", str(target), "--model", "vit_ti16", "--weights", str(path), "--num-classes", "5"]
     assert cli.main(args) == 0

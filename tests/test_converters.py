@@ -2,18 +2,18 @@
 
 References are random-weight timm / transformers models (perturbed so no tensor is trivial),
 written as timm safetensors, Google .npz (checked with timm's own npz loader) and transformers
-`save_pretrained` / `torch.save` files. keras_vit logits must match the reference's to 1e-4.
+`save_pretrained` / `torch.save` files. keras_vit logits must match the reference's to `TOLERANCE`.
 """
 
 import os
 
-import checkpoint_writers as writers
 import keras
 import numpy as np
 import pytest
 import timm
 import torch
-from conftest import random_images
+from helpers import checkpoint_writers as writers
+from helpers import load_into_scrambled, random_images
 from timm.models._manipulate import adapt_input_conv
 from timm.models.vision_transformer import _load_weights, checkpoint_filter_fn
 
@@ -26,7 +26,10 @@ from keras_vit.converters import (
     read_checkpoint,
 )
 
-TOLERANCE = 1e-4
+# Max |logit difference| allowed per variant, float32: about twice the largest gap measured on the
+# TensorFlow, JAX and PyTorch backends (the "parity gaps" `python -m pytest -n 0 -m "slow or not slow"
+# tests/test_converters.py` lists; the gap grows with width and token count).
+TOLERANCE = {"vit_ti16": 1.2e-5, "vit_s16": 1.3e-5, "vit_b16": 2.7e-5, "vit_b32": 3.6e-5}
 HEADS = {"vit_ti16": 3, "vit_s16": 6, "vit_b16": 12, "vit_b32": 12}
 # Every format's parity on ViT-Ti/16 stays in the quick loop; the bigger variants (~40 s) are slow.
 PARITY_VARIANTS = [
@@ -96,7 +99,7 @@ def ti_state(timm_vit) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
-def test_timm_safetensors_parity(variant, keras_model, timm_vit, tmp_path):
+def test_timm_safetensors_parity(variant, keras_model, timm_vit, tmp_path, parity):
     reference = timm_vit(variant)
     path = writers.save_timm_safetensors(reference, tmp_path / "model.safetensors")
 
@@ -106,13 +109,13 @@ def test_timm_safetensors_parity(variant, keras_model, timm_vit, tmp_path):
     assert info.grid == (224 // info.patch_size,) * 2 and info.representation_size is None
 
     model = keras_model(variant)
-    load_checkpoint(model, path)
+    load_into_scrambled(model, path)
     images = random_images()
-    assert _max_diff(_keras(model, images), _timm(reference, images)) <= TOLERANCE
+    parity(_keras(model, images), _timm(reference, images), TOLERANCE[variant])
 
 
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
-def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path):
+def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path, parity):
     reference = timm_vit(variant)
     arrays = writers.timm_to_google_npz(writers.state_dict_numpy(reference), HEADS[variant])
     path = writers.save_npz(arrays, tmp_path / "ViT.npz")
@@ -134,12 +137,12 @@ def test_google_npz_parity(variant, keras_model, timm_vit, tmp_path):
         1000,
     )
     model = keras_model(variant)
-    load_checkpoint(model, path)
-    assert _max_diff(_keras(model, images), expected) <= TOLERANCE
+    load_into_scrambled(model, path)
+    parity(_keras(model, images), expected, TOLERANCE[variant])
 
 
 @pytest.mark.parametrize("variant", PARITY_VARIANTS)
-def test_hf_parity_safetensors_and_bin(variant, keras_model, tmp_path):
+def test_hf_parity_safetensors_and_bin(variant, keras_model, tmp_path, parity):
     reference = writers.random_hf_vit(variant, seed=3)
     directory = writers.save_hf(reference, tmp_path / "hf")
     images = random_images()
@@ -157,17 +160,15 @@ def test_hf_parity_safetensors_and_bin(variant, keras_model, tmp_path):
             HEADS[variant],
             1000,
         )
-        for variable in model.weights:  # nothing left from the previous load
-            variable.assign(np.zeros(variable.shape, variable.dtype))
-        load_checkpoint(model, path)
-        assert _max_diff(_keras(model, images), expected) <= TOLERANCE, name
+        load_into_scrambled(model, path)  # nothing left from the previous load
+        parity(_keras(model, images), expected, TOLERANCE[variant], name)
 
 
 # ---- loading rules ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("image_size", [384, (224, 320)], ids=["384", "224x320"])
-def test_position_embedding_resized_like_timm(image_size, keras_model, timm_vit, ti_state):
+def test_position_embedding_resized_like_timm(image_size, keras_model, timm_vit, ti_state, parity):
     reference = timm.create_model("vit_tiny_patch16_224", img_size=image_size, weight_init="skip").eval()
     reference.load_state_dict(checkpoint_filter_fn(timm_vit("vit_ti16").state_dict(), reference))
     model = keras_model("vit_ti16", image_size=image_size)
@@ -176,11 +177,11 @@ def test_position_embedding_resized_like_timm(image_size, keras_model, timm_vit,
     expected = _timm(reference, images)
     for state in (ti_state, writers.timm_to_google_npz(ti_state, 3)):  # timm and Google layouts
         # timm's resampling, the default for timm files and chosen for the Google layout
-        load_checkpoint(model, state, pos_embed_interpolation="timm")
-        assert _max_diff(_keras(model, images), expected) <= TOLERANCE
+        load_into_scrambled(model, state, pos_embed_interpolation="timm")
+        parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
 
-def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti_state, tmp_path):
+def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti_state, tmp_path, parity):
     rng = np.random.default_rng(5)
     pre_logits = (rng.normal(0, 0.1, (192, 192)).astype("float32"), rng.normal(0, 0.1, 192).astype("float32"))
     arrays = writers.timm_to_google_npz(ti_state, 3, pre_logits=pre_logits)
@@ -188,17 +189,17 @@ def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti
     assert inspect_checkpoint(path).representation_size == 192
 
     model = keras_model("vit_ti16", representation_size=192)
-    load_checkpoint(model, path)
+    load_into_scrambled(model, path)
     images = random_images()
     features = _timm_features(timm_vit("vit_ti16"), images).astype("float64")
     expected = np.tanh(features @ pre_logits[0] + pre_logits[1]) @ arrays["head/kernel"] + arrays["head/bias"]
-    assert _max_diff(_keras(model, images), expected) <= TOLERANCE
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
     with pytest.warns(UserWarning, match="pre-logits layer \\(192 wide\\) is skipped"):
         load_checkpoint(keras_model("vit_ti16"), path)
 
 
-def test_hf_pooler_is_pre_logits(keras_model, tmp_path):
+def test_hf_pooler_is_pre_logits(keras_model, tmp_path, parity):
     reference = writers.random_hf_vit("vit_ti16", seed=4, classifier=False, pooler=True, mask_token=True)
     directory = writers.save_hf(reference, tmp_path / "hf", pytorch_bin=False)
     state = read_checkpoint(directory)
@@ -207,14 +208,14 @@ def test_hf_pooler_is_pre_logits(keras_model, tmp_path):
     assert (info.num_classes, info.representation_size, info.variant) == (None, 192, "vit_ti16")
 
     model = keras_model("vit_ti16", include_top=False, representation_size=192)
-    load_checkpoint(model, directory)
+    load_into_scrambled(model, directory)
     images = random_images()
     with torch.no_grad():
         expected = reference(pixel_values=writers.to_torch(images)).pooler_output.numpy()
-    assert _max_diff(_keras(model, images), expected) <= TOLERANCE
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
 
-def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state):
+def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state, parity):
     model = keras_vit.create_model("vit_ti16", num_classes=10, classifier_activation=None)
     with pytest.warns(UserWarning, match="1000 classes and the model's 10"):
         load_checkpoint(model, ti_state)
@@ -227,23 +228,23 @@ def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state):
         load_checkpoint(model, headless)
 
     features = keras_model("vit_ti16", include_top=False)
-    load_checkpoint(features, ti_state)
-    assert _max_diff(_keras(features, images), _timm_features(timm_vit("vit_ti16"), images)) <= TOLERANCE
+    load_into_scrambled(features, ti_state)
+    parity(_keras(features, images), _timm_features(timm_vit("vit_ti16"), images), TOLERANCE["vit_ti16"])
 
 
 @pytest.mark.parametrize("channels", [1, 4])
-def test_input_channels_adapted_like_timm(channels, keras_model, timm_vit, ti_state):
+def test_input_channels_adapted_like_timm(channels, keras_model, timm_vit, ti_state, parity):
     state = timm_vit("vit_ti16").state_dict()
     state["patch_embed.proj.weight"] = adapt_input_conv(channels, state["patch_embed.proj.weight"])
     reference = timm.create_model("vit_tiny_patch16_224", in_chans=channels, weight_init="skip").eval()
     reference.load_state_dict(state)
     model = keras_model("vit_ti16", channels=channels)
-    load_checkpoint(model, ti_state)
+    load_into_scrambled(model, ti_state)
     images = random_images(channels=channels)
-    assert _max_diff(_keras(model, images), _timm(reference, images)) <= TOLERANCE
+    parity(_keras(model, images), _timm(reference, images), TOLERANCE["vit_ti16"])
 
 
-def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state):
+def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state, parity):
     arrays = writers.timm_to_google_npz(ti_state, 3)
     images = random_images()
     expected = _timm(timm_vit("vit_ti16"), images)
@@ -252,8 +253,8 @@ def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state):
     # Old files: everything under opt/target/, next to optimizer state that is ignored.
     legacy = {f"opt/target/{key}": value for key, value in arrays.items()}
     legacy["opt/state/step"] = np.array(7)
-    load_checkpoint(model, legacy)
-    assert _max_diff(_keras(model, images), expected) <= TOLERANCE
+    load_into_scrambled(model, legacy)
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
     # big_vision: params/ prefix, Linen names, scan-stacked blocks, position embedding without the
     # [class] token's row (added before the token is prepended: that row folds into the token).
@@ -273,8 +274,8 @@ def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state):
     assert detect_format(big_vision) == "google_npz"
     info = inspect_checkpoint(big_vision)
     assert (info.variant, info.num_heads, info.grid) == ("vit_ti16", 3, (14, 14))
-    load_checkpoint(model, big_vision)
-    assert _max_diff(_keras(model, images), expected) <= TOLERANCE
+    load_into_scrambled(model, big_vision)
+    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
 
 
 # ---- reading ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Strategy selection, and model.fit under MirroredStrategy and MultiWorkerMirroredStrategy.
 
 The strategies that need TensorFlow unconfigured (logical CPUs, collectives) run in worker
-subprocesses (`tests/training_worker.py`), each with a timeout.
+subprocesses (`tests/helpers/training_worker.py`), each with a timeout.
 """
 
 import json
@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import subprocess_env
+from helpers import subprocess_env
 
 from keras_vit import distribute
 
-WORKER = os.path.join(os.path.dirname(__file__), "training_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "helpers", "training_worker.py")
 TIMEOUT = 180
 
 

@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import random_images
+from helpers import random_images
 
 import keras_vit
 from keras_vit import data, evaluate, recipes

@@ -4,16 +4,15 @@ import os
 
 import keras
 import numpy as np
+import onnxruntime as ort
 import pytest
-from conftest import random_images
+from ai_edge_litert import interpreter as litert
+from helpers import random_images
 
 import keras_vit
 from keras_vit import cli
 from keras_vit.preprocessing import Preprocessing, preprocess_input
 from keras_vit.variants import ViTConfig
-
-ort = pytest.importorskip("onnxruntime")
-litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import random_images
+from helpers import random_images
 
 import keras_vit
 from keras_vit import inspect as vit_inspect
@@ -342,7 +342,6 @@ def _check_png(path: Path, max_bytes: int | None = None):
 
 
 def test_write_inspection_draws_four_pictures(tiny, tmp_path):
-    pytest.importorskip("matplotlib")
     from skimage import data
 
     written = plots.write_inspection(tiny, data.chelsea(), tmp_path / "out", label="tiny test")
@@ -352,7 +351,6 @@ def test_write_inspection_draws_four_pictures(tiny, tmp_path):
 
 
 def test_write_inspection_of_a_hybrid_skips_the_filters(hybrid, tmp_path):
-    pytest.importorskip("matplotlib")
     image = (np.random.default_rng(0).uniform(0, 255, (50, 60, 3))).astype("uint8")
     with pytest.warns(UserWarning, match="embedding_filters.png skipped"):
         written = plots.write_inspection(hybrid, image, tmp_path)
@@ -362,7 +360,6 @@ def test_write_inspection_of_a_hybrid_skips_the_filters(hybrid, tmp_path):
 
 
 def test_plots_show_the_numbers(tmp_path):
-    pytest.importorskip("matplotlib")
     similarity = np.zeros((2, 3, 2, 3), dtype="float32")
     similarity[0, 0] = 1.0  # the top-left tile all +1: the brightest colour of viridis
     figure = plots.plot_position_embedding_similarity(similarity)
@@ -384,7 +381,6 @@ def test_plots_show_the_numbers(tmp_path):
 
 
 def test_cli_inspect_writes_the_pictures(tmp_path, capsys, tiny_factory):
-    pytest.importorskip("matplotlib")
     from PIL import Image
     from skimage import data
 
@@ -404,7 +400,6 @@ def test_cli_inspect_writes_the_pictures(tmp_path, capsys, tiny_factory):
 
 
 def test_example_runs_offline_with_random_weights(tmp_path, capsys, tiny_factory):
-    pytest.importorskip("matplotlib")
     example = runpy.run_path(str(REPO / "examples" / "inspect_photo.py"), run_name="inspect_photo")
     assert example["main"](["--model", "vit_s16", "--out", str(tmp_path), "--dpi", "72"]) == 0
     assert tiny_factory == [("vit_s16", False)]

@@ -11,6 +11,9 @@ from functools import partial
 import keras
 import numpy as np
 import pytest
+import torch
+from timm.layers import PatchEmbed, resample_abs_pos_embed
+from timm.models.vision_transformer import Block
 
 from keras_vit import (
     ClassToken,
@@ -22,15 +25,9 @@ from keras_vit import (
     TransformerBlock,
     resize_pos_embed,
 )
+from keras_vit.models import build_vit
+from keras_vit.variants import ViTConfig
 
-try:
-    import torch
-    from timm.layers import PatchEmbed, resample_abs_pos_embed
-    from timm.models.vision_transformer import Block
-except ImportError:  # the references are test extras (`pip install .[test]`)
-    torch = None
-
-needs_timm = pytest.mark.skipif(torch is None, reason="needs the test extras torch and timm")
 TOLERANCE = 1e-5
 
 
@@ -73,7 +70,6 @@ PATCH_CASES = [  # (patch, height, width, channels)
 ]
 
 
-@needs_timm
 @pytest.mark.parametrize("patch,height,width,channels", PATCH_CASES)
 def test_patch_encoder_matches_numpy_and_timm(patch, height, width, channels, rng):
     hidden = 8
@@ -174,7 +170,6 @@ def test_position_embedding_rejects_wrong_token_count():
         PositionEmbedding(3)(np.zeros((1, 17, 4), "float32"))
 
 
-@needs_timm
 @pytest.mark.parametrize(
     "new_grid,old_grid,old_tokens",
     [
@@ -257,7 +252,6 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float =
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
-@needs_timm
 @pytest.mark.parametrize("dim,num_heads,mlp_ratio", [(32, 4, 4.0), (24, 3, 2.5)])
 def test_transformer_block_matches_timm(dim, num_heads, mlp_ratio, rng):
     tokens = rng.normal(size=(2, 10, dim)).astype("float32")
@@ -272,7 +266,10 @@ def test_transformer_block_matches_timm(dim, num_heads, mlp_ratio, rng):
     assert block.compute_output_shape(tokens.shape) == output.shape
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the training-time GELU is TensorFlow's")
+@pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="TensorFlow backend only: the training-time GELU is TensorFlow's",
+)
 def test_training_block_has_the_inference_values_and_gradients(rng):
     """While training on TensorFlow the MLP's GELU has a hand-written derivative
     (`layers._erf_gelu_lean_gradient`): outputs and the gradients of every weight and of the input
@@ -489,7 +486,6 @@ RESIZE_GRIDS = [  # (old grid, new grid, pass old_grid explicitly)
 ]
 
 
-@needs_timm
 @pytest.mark.parametrize("old_grid,new_grid,explicit", RESIZE_GRIDS)
 @pytest.mark.parametrize("method", ["bicubic", "bilinear"])
 @pytest.mark.parametrize("antialias", [True, False])
@@ -506,7 +502,6 @@ def test_resize_pos_embed_matches_timm(old_grid, new_grid, explicit, method, ant
     np.testing.assert_allclose(result, expected, atol=TOLERANCE, rtol=0)
 
 
-@needs_timm
 def test_resize_pos_embed_accepts_two_dimensional_input(rng):
     source = rng.normal(size=(1 + 16, 4)).astype("float32")
     result = resize_pos_embed(source, 6)
@@ -523,3 +518,33 @@ def test_resize_pos_embed_errors():
         resize_pos_embed(non_square, (4, 4), old_grid=(3, 5), method="nearest")
     with pytest.raises(ValueError, match=r"pos_embed must have shape"):
         resize_pos_embed(np.zeros((2, 17, 4), "float32"), (4, 4))
+
+
+# ---- mixed precision: every layer in its policy's dtype, the model's values those of float32 -------
+
+MIXED_FLOAT16_TOLERANCE = 5e-3  # max |logit difference| / max |float32 logit|
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ViTConfig("tiny_plain", 4, 32, 2, 2, 64, image_size=(16, 24)),
+        ViTConfig("tiny_hybrid", 1, 64, 1, 2, 128, resnet_stages=(1, 1), image_size=32),
+    ],
+    ids=["plain", "hybrid"],
+)
+def test_mixed_float16_logits_are_float32_logits(config, parity, rng):
+    """`mixed_float16`: float16 compute, float32 weights and logits, within MIXED_FLOAT16_TOLERANCE."""
+    reference = build_vit(config, num_classes=5, classifier_activation=None)
+    reference.set_weights([w + rng.normal(0, 0.05, w.shape).astype(w.dtype) for w in reference.get_weights()])
+    images = rng.uniform(-1, 1, (2, *config.image_hw, 3)).astype("float32")
+    expected = keras.ops.convert_to_numpy(reference(images, training=False))
+
+    keras.config.set_dtype_policy("mixed_float16")
+    model = build_vit(config, num_classes=5, classifier_activation=None)
+    model.set_weights(reference.get_weights())
+    assert model.blocks[0].fc1.compute_dtype == "float16" and model.blocks[0].fc1.kernel.dtype == "float32"
+    logits = keras.ops.convert_to_numpy(model(images, training=False))
+    assert logits.dtype == np.float32
+    scale = np.abs(expected).max()
+    parity(logits / scale, expected / scale, MIXED_FLOAT16_TOLERANCE, "relative to max |logit|")

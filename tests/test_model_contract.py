@@ -9,7 +9,7 @@ import zipfile
 import keras
 import numpy as np
 import pytest
-from conftest import random_images
+from helpers import random_images
 
 import keras_vit
 from keras_vit import ViT, ViTConfig

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import subprocess_env
+from helpers import subprocess_env
 
 from keras_vit.environment import ONEDNN_VARIABLE, onednn_enabled
 

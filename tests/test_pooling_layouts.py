@@ -7,14 +7,14 @@ big_vision reference is checked against timm loading the same file, so neither i
 Models are tiny (width 32, 2 blocks, 32 px images: 16 tokens).
 """
 
-import big_vision_reference as bv
-import checkpoint_writers as writers
 import keras
 import numpy as np
 import pytest
 import timm
 import torch
-from conftest import count_params_without_weights, random_images
+from helpers import big_vision_reference as bv
+from helpers import checkpoint_writers as writers
+from helpers import count_params_without_weights, random_images
 
 import keras_vit
 from keras_vit import inspect as vit_inspect
@@ -28,8 +28,9 @@ TIMM_TINY = ViTConfig(
     "timm_tiny", patch_size=8, hidden_size=128, depth=2, num_heads=2, mlp_dim=256, image_size=32
 )
 NUM_CLASSES = 5
-# Logit tolerance: float32 implementations of the same numerics agree to ~1e-6 at this size.
-ATOL = 1e-5
+# Max |logit difference| allowed, float32: about twice the largest gap measured on the TensorFlow, JAX
+# and PyTorch backends (the "parity gaps" that `python -m pytest -n 0 tests/test_pooling_layouts.py` lists).
+ATOL = 2.5e-6
 
 
 def _images(batch: int = 2) -> np.ndarray:
@@ -144,7 +145,7 @@ def _timm_logits(model: torch.nn.Module, images: np.ndarray) -> np.ndarray:
     ],
     ids=["avg_fc_norm", "avg", "map"],
 )
-def test_timm_class_token_free_parity(timm_kwargs, layout, tmp_path):
+def test_timm_class_token_free_parity(timm_kwargs, layout, tmp_path, parity):
     reference = writers.random_timm_vit_like(
         TIMM_TINY.replace(class_token=False, pooling="gap"), num_classes=NUM_CLASSES, **timm_kwargs
     )
@@ -154,11 +155,11 @@ def test_timm_class_token_free_parity(timm_kwargs, layout, tmp_path):
     model = keras_vit.create_model(TIMM_TINY, pretrained=path, classifier_activation=None)
     assert {key: getattr(model.config, key) for key in layout} == layout
     images = _images()
-    np.testing.assert_allclose(_logits(model, images), _timm_logits(reference, images), atol=ATOL, rtol=0)
+    parity(_logits(model, images), _timm_logits(reference, images), ATOL)
 
 
 @pytest.mark.parametrize("global_pool, pooling", [("map", "map"), ("avg", "gap")])
-def test_timm_pooling_with_class_token_parity(global_pool, pooling, tmp_path):
+def test_timm_pooling_with_class_token_parity(global_pool, pooling, tmp_path, parity):
     """timm's attention and average pooling skip the [class] token (`avg` then normalises: fc_norm)."""
     reference = writers.random_timm_vit_like(TIMM_TINY, num_classes=NUM_CLASSES, global_pool=global_pool)
     path = writers.save_timm_safetensors(reference, tmp_path / "model.safetensors")
@@ -166,7 +167,7 @@ def test_timm_pooling_with_class_token_parity(global_pool, pooling, tmp_path):
     layout = (model.config.class_token, model.config.pooling, model.config.fc_norm)
     assert layout == (True, pooling, global_pool == "avg")
     images = _images()
-    np.testing.assert_allclose(_logits(model, images), _timm_logits(reference, images), atol=ATOL, rtol=0)
+    parity(_logits(model, images), _timm_logits(reference, images), ATOL)
 
 
 # ---- big_vision ----------------------------------------------------------------------------------
@@ -197,7 +198,7 @@ def _big_vision_arrays(pool_type: str, prefix: str, scan: bool, seed: int = 0) -
         ("tok", "params/img/", True),  # the [class]-token layout the reference must agree on too
     ],
 )
-def test_big_vision_reference_agrees_with_timm(pool_type, prefix, scan, tmp_path):
+def test_big_vision_reference_agrees_with_timm(pool_type, prefix, scan, tmp_path, parity):
     """The JAX re-implementation and timm's own big_vision loader + forward give the same logits."""
     arrays = _big_vision_arrays(pool_type, prefix, scan)
     timm_arrays = dict(arrays)
@@ -215,16 +216,14 @@ def test_big_vision_reference_agrees_with_timm(pool_type, prefix, scan, tmp_path
     )
     timm.models.vision_transformer._load_weights(timm_model, str(path))
     images = _images()
-    np.testing.assert_allclose(
-        bv.forward(arrays, images, pool_type), _timm_logits(timm_model, images), atol=ATOL, rtol=0
-    )
+    parity(bv.forward(arrays, images, pool_type), _timm_logits(timm_model, images), ATOL)
 
 
 @pytest.mark.parametrize(
     "pool_type, prefix, scan",
     [("gap", "params/", False), ("gap", "", True), ("map", "params/", True), ("map", "", False)],
 )
-def test_big_vision_class_token_free_parity(pool_type, prefix, scan, tmp_path):
+def test_big_vision_class_token_free_parity(pool_type, prefix, scan, tmp_path, parity):
     arrays = _big_vision_arrays(pool_type, prefix, scan)
     path = writers.save_npz(arrays, tmp_path / "big_vision.npz")
     info = inspect_checkpoint(path)
@@ -233,9 +232,7 @@ def test_big_vision_class_token_free_parity(pool_type, prefix, scan, tmp_path):
     model = keras_vit.create_model(TINY, pretrained=path, classifier_activation=None)
     assert (model.config.class_token, model.config.pooling) == (False, pool_type)
     images = _images()
-    np.testing.assert_allclose(
-        _logits(model, images), bv.forward(arrays, images, pool_type), atol=ATOL, rtol=0
-    )
+    parity(_logits(model, images), bv.forward(arrays, images, pool_type), ATOL)
 
 
 # ---- layouts that do not fit ---------------------------------------------------------------------

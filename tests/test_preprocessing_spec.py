@@ -27,8 +27,9 @@ DEFAULT_SIZE = (32, 48)  # not square: the crop arithmetic differs per axis
 @pytest.fixture(scope="module")
 def image_files(tmp_path_factory) -> dict[str, str]:
     """Real photos written as JPEG and PNG, one class folder each (the folder name is the key)."""
-    skimage_data = pytest.importorskip("skimage.data")
-    datasets = pytest.importorskip("sklearn.datasets")
+    from skimage import data as skimage_data
+    from sklearn import datasets
+
     china, flower = datasets.load_sample_images().images  # 427 x 640
     astronaut, cat = skimage_data.astronaut(), skimage_data.chelsea()  # 512 x 512, 300 x 451
     images = {

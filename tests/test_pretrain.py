@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import subprocess_env
+from helpers import subprocess_env
 from keras import ops
 
 import keras_vit

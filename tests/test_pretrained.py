@@ -19,7 +19,7 @@ import pytest
 import safetensors.torch
 import timm
 import torch
-from conftest import random_images
+from helpers import random_images
 from timm.models import get_pretrained_cfg
 from timm.models.vision_transformer_hybrid import checkpoint_filter_fn
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Layer .* does not have a `quanti
 # A digits-sized ViT: 8x8 images, 2x2 grid of 4-px patches, 2 blocks (trains in a few seconds).
 SMALL = dict(image_size=8, patch_size=4, depth=2, hidden_size=64, num_heads=4, mlp_dim=128)
 # Relative logit error (`_relative_error`) and top-1 agreement with the float model, per mode.
-BOUNDS = {"int8": (0.03, 0.98), "int4": (0.2, 0.95), "float8": (0.15, 0.95)}
+BOUNDS = {"int8": (0.03, 0.98), "int8_weight_only": (0.03, 0.98), "int4": (0.2, 0.95), "float8": (0.15, 0.95)}
 
 
 def _relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
@@ -38,13 +38,18 @@ def _relative_error(reference: np.ndarray, actual: np.ndarray) -> float:
 def _quantize(model: keras.Model, mode: str) -> None:
     """`model.quantize(mode)` with the garbage collector's objects frozen meanwhile.
 
+    `"int8_weight_only"`: int8 weights, float activations (`activation_quantizer=None`).
+
     Keras runs a full `gc.collect()` for every kernel it replaces (`Layer.__delattr__`): with
     TensorFlow, torch and timm loaded that is ~0.5 s per layer, about a minute for ViT-Ti/16.
     Frozen objects are not scanned, so the collections take milliseconds.
     """
     gc.freeze()
     try:
-        model.quantize(mode)
+        if mode == "int8_weight_only":
+            model.quantize(config=keras.quantizers.Int8QuantizationConfig(activation_quantizer=None))
+        else:
+            model.quantize(mode)
     finally:
         gc.unfreeze()
 
@@ -55,7 +60,8 @@ def _agreement(reference: np.ndarray, actual: np.ndarray) -> float:
 
 def _digits(num_train: int = 1400):
     """sklearn's 8x8 digits as RGB in [-1, 1]: (train images, train labels), (test images, labels)."""
-    datasets = pytest.importorskip("sklearn.datasets")
+    from sklearn import datasets
+
     digits = datasets.load_digits()
     images = np.repeat((digits.images / 8.0 - 1.0).astype("float32")[..., None], 3, axis=-1)
     labels = digits.target.astype("int32")
@@ -127,6 +133,25 @@ def test_int8_quantizes_every_dense_but_not_the_patch_projection():
     assert np.isfinite(keras.ops.convert_to_numpy(model(images))).all()
 
 
+def test_weight_only_int8_multiplies_float_activations_by_rounded_weights(rng):
+    """Each Dense keeps the float kernel rounded to int8 per output channel (scale 127 / max |w|) and
+    multiplies float activations by it: the layer's output is `x @ (int8 / scale) + bias`."""
+    model = _randomized(_small_model())
+    denses = [layer for block in model.blocks for layer in (block.fc1, block.fc2)] + [model.head]
+    kernels = [keras.ops.convert_to_numpy(dense.kernel) for dense in denses]
+    _quantize(model, "int8_weight_only")
+    for dense, kernel in zip(denses, kernels, strict=True):
+        assert keras.backend.standardize_dtype(dense._kernel.dtype) == "int8", dense.path
+        scale = keras.ops.convert_to_numpy(dense.kernel_scale)
+        np.testing.assert_allclose(scale, 127 / np.abs(kernel).max(axis=0), rtol=1e-5)
+        weights = keras.ops.convert_to_numpy(dense._kernel).astype("float32") / scale
+        assert np.all(np.abs(weights - kernel) <= 0.5 / scale + 1e-7), dense.path  # rounded, not clipped
+        inputs = rng.normal(size=(3, kernel.shape[0])).astype("float32")
+        expected = inputs @ weights + keras.ops.convert_to_numpy(dense.bias)
+        # quantized activations would be ~1e-2 off
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(dense(inputs)), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_quantize_model_built_from_config(tmp_path):
     """A loaded model's call never ran: its weightless sublayers (DropPath, Dropout) are built anyway."""
     path = tmp_path / "float.keras"
@@ -159,8 +184,9 @@ def test_quantized_trained_model_agrees_with_float(mode, trained):
 
 def _photos(size: int) -> np.ndarray:
     """11 real photos (scikit-image's and scikit-learn's samples), preprocessed as the models expect."""
-    skimage_data = pytest.importorskip("skimage.data")
-    datasets = pytest.importorskip("sklearn.datasets")
+    from skimage import data as skimage_data
+    from sklearn import datasets
+
     names = ("astronaut", "chelsea", "coffee", "rocket", "cat", "immunohistochemistry", "hubble_deep_field")
     pictures = [getattr(skimage_data, name)() for name in names]
     pictures += [skimage_data.camera(), skimage_data.horse().astype("uint8") * 255]  # grayscale
@@ -171,11 +197,10 @@ def _photos(size: int) -> np.ndarray:
 @pytest.mark.parametrize("variant", ["vit_ti16", "vit_r_ti16"])
 def test_int8_on_photos_through_a_checkpoint(variant, tmp_path):
     """A (random-weight) timm checkpoint, converted and quantized: logits and features stay close."""
-    pytest.importorskip("timm")
-    import checkpoint_writers as writers
     import timm
     import torch
-    from conftest import HYBRID_TIMM_NAMES
+    from helpers import HYBRID_TIMM_NAMES
+    from helpers import checkpoint_writers as writers
 
     if variant in HYBRID_TIMM_NAMES:
         torch.manual_seed(0)
@@ -199,7 +224,7 @@ def test_int8_on_photos_through_a_checkpoint(variant, tmp_path):
     assert agreement >= 0.8
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
+@pytest.mark.parametrize("mode", ["int8", "int8_weight_only", "int4", "float8"])
 def test_quantized_keras_round_trip(mode, tmp_path):
     model = _randomized(_small_model())
     _quantize(model, mode)
@@ -208,7 +233,7 @@ def test_quantized_keras_round_trip(mode, tmp_path):
     model.save(tmp_path / "quantized.keras")
     loaded = keras_vit.load_model(tmp_path / "quantized.keras")
     assert isinstance(loaded, ViT)
-    assert loaded.blocks[0].attention.query_dense.quantization_mode == mode
+    assert loaded.blocks[0].attention.query_dense.quantization_mode == mode.removesuffix("_weight_only")
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded(images)), expected)
 
 

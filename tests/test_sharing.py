@@ -9,21 +9,20 @@ import json
 import shutil
 from pathlib import Path
 
-import checkpoint_writers as writers
 import huggingface_hub
 import keras
 import numpy as np
 import pytest
-from conftest import random_images
+import timm
+import torch
+import transformers
+from helpers import checkpoint_writers as writers
+from helpers import random_images
 
 import keras_vit
 from keras_vit import sharing
 from keras_vit.converters.write_common import NotExpressibleError
 from keras_vit.variants import ViTConfig
-
-torch = pytest.importorskip("torch")
-timm = pytest.importorskip("timm")
-transformers = pytest.importorskip("transformers")
 
 TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
 # A stem-only R+ViT hybrid (timm's vit_tiny_r_s16_p8 family): 32 px per token, a 2x2 grid at 64 px.

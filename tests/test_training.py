@@ -10,14 +10,14 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from helpers import subprocess_env
 
 import keras_vit
 from keras_vit import recipes, runs, training
 from keras_vit.runs.backup import sign_state
 from keras_vit.variants import ViTConfig
 
-WORKER = os.path.join(os.path.dirname(__file__), "training_worker.py")
+WORKER = os.path.join(os.path.dirname(__file__), "helpers", "training_worker.py")
 TIMEOUT = 180
 TINY = ViTConfig(
     "vit_tiny_test", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=16

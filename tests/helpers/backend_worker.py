@@ -1,6 +1,6 @@
 """Run by tests/test_backends.py under another Keras backend (`KERAS_BACKEND=jax|torch`).
 
-    python tests/backend_worker.py MODELS_DIR OUT_DIR
+    python tests/helpers/backend_worker.py MODELS_DIR OUT_DIR
 
 For every `MODELS_DIR/<case>.keras` (saved on another backend, with its inputs in
 `MODELS_DIR/<case>.npy`): load it, predict, run the attention rollout, `fit` a copy on NumPy

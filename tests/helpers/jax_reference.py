@@ -36,9 +36,15 @@ import scipy.ndimage
 from jax import lax
 
 LN_EPSILON = 1e-6  # flax.linen.LayerNorm / GroupNorm default
-STD_CONV_EPSILON = 1e-5  # models_resnet.weight_standardize(..., eps=1e-5)
 GROUPS = 32  # flax.linen.GroupNorm default num_groups
 _UNIT = re.compile(r"block(\d+)/unit(\d+)/")
+# The ResNet stem's numerics: the original code's (`models_resnet.weight_standardize(..., eps=1e-5)`,
+# Flax GroupNorm's epsilon) and timm's (`StdConv2dSame(eps=1e-8)`: (w - mean) / sqrt(var + eps);
+# `GroupNormAct` epsilon 1e-5), the latter only to check the transcription's structure against timm.
+STEM_NUMERICS = {
+    "original": {"standardize": "std", "std_conv_epsilon": 1e-5, "group_norm_epsilon": LN_EPSILON},
+    "timm": {"standardize": "variance", "std_conv_epsilon": 1e-8, "group_norm_epsilon": 1e-5},
+}
 
 
 def _norm_stats(x, axes):
@@ -55,12 +61,12 @@ def layer_norm(x, scale, bias):
     return (x - mean) * lax.rsqrt(var + LN_EPSILON) * scale + bias
 
 
-def group_norm(x, scale, bias):
+def group_norm(x, scale, bias, epsilon=LN_EPSILON):
     """`nn.GroupNorm()`: 32 groups of channels, statistics over (H, W, channels of the group)."""
     n, h, w, c = x.shape
     grouped = x.reshape(n, h, w, GROUPS, c // GROUPS)
     mean, var = _norm_stats(grouped, (1, 2, 4))
-    normed = ((grouped - mean) * lax.rsqrt(var + LN_EPSILON)).reshape(x.shape)
+    normed = ((grouped - mean) * lax.rsqrt(var + epsilon)).reshape(x.shape)
     return normed * scale.reshape(-1) + bias.reshape(-1)
 
 
@@ -72,10 +78,14 @@ def conv(x, kernel, strides=1, padding="SAME", bias=None):
     return y if bias is None else y + bias
 
 
-def std_conv(x, kernel, strides=1):
+def std_conv(x, kernel, strides=1, numerics="original"):
     """`models_resnet.StdConv` (no bias): the kernel standardised by `weight_standardize`."""
+    numerics = STEM_NUMERICS[numerics]
     kernel = kernel - jnp.mean(kernel, axis=(0, 1, 2))
-    kernel = kernel / (jnp.std(kernel, axis=(0, 1, 2)) + STD_CONV_EPSILON)
+    if numerics["standardize"] == "std":
+        kernel = kernel / (jnp.std(kernel, axis=(0, 1, 2)) + numerics["std_conv_epsilon"])
+    else:
+        kernel = kernel * lax.rsqrt(jnp.var(kernel, axis=(0, 1, 2)) + numerics["std_conv_epsilon"])
     return conv(x, kernel, strides)
 
 
@@ -124,45 +134,67 @@ def resnet_stages(params) -> list[int]:
     return [units[stage] for stage in sorted(units)]
 
 
-def residual_unit(x, params, prefix, strides):
+def residual_unit(x, params, prefix, strides, numerics="original"):
     """`ResidualUnit`: the bottleneck (not pre-activation), projection when width or stride change."""
-    gn = lambda y, name: group_norm(y, params[f"{prefix}{name}/scale"], params[f"{prefix}{name}/bias"])  # noqa: E731
+    epsilon = STEM_NUMERICS[numerics]["group_norm_epsilon"]
+
+    def gn(y, name):
+        return group_norm(y, params[f"{prefix}{name}/scale"], params[f"{prefix}{name}/bias"], epsilon)
+
     residual = x
     if f"{prefix}conv_proj/kernel" in params:  # needs_projection
-        residual = gn(std_conv(x, params[f"{prefix}conv_proj/kernel"], strides), "gn_proj")
-    y = jax.nn.relu(gn(std_conv(x, params[f"{prefix}conv1/kernel"]), "gn1"))
-    y = jax.nn.relu(gn(std_conv(y, params[f"{prefix}conv2/kernel"], strides), "gn2"))
-    y = gn(std_conv(y, params[f"{prefix}conv3/kernel"]), "gn3")
+        residual = gn(std_conv(x, params[f"{prefix}conv_proj/kernel"], strides, numerics), "gn_proj")
+    y = jax.nn.relu(gn(std_conv(x, params[f"{prefix}conv1/kernel"], 1, numerics), "gn1"))
+    y = jax.nn.relu(gn(std_conv(y, params[f"{prefix}conv2/kernel"], strides, numerics), "gn2"))
+    y = gn(std_conv(y, params[f"{prefix}conv3/kernel"], 1, numerics), "gn3")
     return jax.nn.relu(residual + y)
 
 
-def resnet(x, params):
+def resnet(x, params, numerics="original"):
     """The hybrid's root block and `ResNetStage`s (first stride 1, then 2)."""
-    x = std_conv(x, params["conv_root/kernel"], 2)
-    x = jax.nn.relu(group_norm(x, params["gn_root/scale"], params["gn_root/bias"]))
+    epsilon = STEM_NUMERICS[numerics]["group_norm_epsilon"]
+    x = std_conv(x, params["conv_root/kernel"], 2, numerics)
+    x = jax.nn.relu(group_norm(x, params["gn_root/scale"], params["gn_root/bias"], epsilon))
     x = max_pool(x)
     for stage, units in enumerate(resnet_stages(params), 1):
         for unit in range(1, units + 1):
             strides = 2 if stage > 1 and unit == 1 else 1
-            x = residual_unit(x, params, f"block{stage}/unit{unit}/", strides)
+            x = residual_unit(x, params, f"block{stage}/unit{unit}/", strides, numerics)
     return x
 
 
-def apply(params: dict[str, np.ndarray], images: np.ndarray, approximate_gelu: bool = True) -> np.ndarray:
+def apply(
+    params: dict[str, np.ndarray],
+    images: np.ndarray,
+    approximate_gelu: bool = True,
+    stem_numerics: str = "original",
+) -> np.ndarray:
     """`VisionTransformer(classifier="token")(images, train=False)`: logits (or pre-logits without a head).
 
-    `approximate_gelu=False` swaps the original code's tanh GELU for the exact one (to compare
+    `approximate_gelu=False` swaps the original code's tanh GELU for the exact one, and
+    `stem_numerics="timm"` its weight standardisation and GroupNorm epsilon for timm's (to compare
     the rest with timm). Compiled whole with `jax.jit`: eager JAX compiles every operation of a
     new shape on its own (~20 s for a small hybrid on 2 CPU cores, against ~5 s).
     """
     params = {key: jnp.asarray(value) for key, value in params.items()}
-    return np.asarray(_forward(params, jnp.asarray(images), approximate_gelu))
+    return np.asarray(_forward(params, jnp.asarray(images), approximate_gelu, stem_numerics))
 
 
-@functools.partial(jax.jit, static_argnames="approximate_gelu")
-def _forward(params, x, approximate_gelu):
+def stem_features(params: dict[str, np.ndarray], images: np.ndarray, stem_numerics: str = "original"):
+    """The hybrid's ResNet output (NHWC), before the patch embedding."""
+    params = {key: jnp.asarray(value) for key, value in params.items()}
+    return np.asarray(_stem(params, jnp.asarray(images), stem_numerics))
+
+
+@functools.partial(jax.jit, static_argnames="numerics")
+def _stem(params, x, numerics):
+    return resnet(x, params, numerics)
+
+
+@functools.partial(jax.jit, static_argnames=("approximate_gelu", "stem_numerics"))
+def _forward(params, x, approximate_gelu, stem_numerics):
     if "conv_root/kernel" in params:
-        x = resnet(x, params)
+        x = resnet(x, params, stem_numerics)
     patch = params["embedding/kernel"].shape[0]
     x = conv(x, params["embedding/kernel"], patch, "VALID", params["embedding/bias"])
     n, h, w, c = x.shape

@@ -1,13 +1,13 @@
 """Subprocess worker for the distribution and resume tests (each mode needs a fresh TensorFlow).
 
-python tests/training_worker.py mirrored OUT.json
+python tests/helpers/training_worker.py mirrored OUT.json
     2 logical CPUs (configured before TensorFlow initialises its devices); trains the tiny
     model (SGD recipe) on /cpu:0 alone and under MirroredStrategy over /cpu:0 and /cpu:1
     with the same global batch; writes both loss histories and the largest weight gap.
-python tests/training_worker.py multi_worker OUT.npz
+python tests/helpers/training_worker.py multi_worker OUT.npz
     one worker of the cluster in TF_CONFIG: trains under MultiWorkerMirroredStrategy
     (through `keras_vit.training.train`), then writes its final weights and losses.
-python tests/training_worker.py slow-cli CLI_ARGS...
+python tests/helpers/training_worker.py slow-cli CLI_ARGS...
     `keras-vit` with every training step slowed by 0.3 s, so a test can kill it mid-run.
 """
 

@@ -24,9 +24,9 @@ import numpy as np
 import timm
 import torch
 import transformers
-from conftest import TIMM_NAMES
 from safetensors.torch import save_file
 
+from helpers import TIMM_NAMES
 from keras_vit.variants import get_config
 
 
