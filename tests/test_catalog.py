@@ -7,7 +7,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import random_images, subprocess_env
+from helpers import random_images, subprocess_env
 
 import keras_vit
 from keras_vit import catalog, data

@@ -16,7 +16,7 @@ import textwrap
 import keras
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from helpers import subprocess_env
 
 import keras_vit
 from keras_vit import cli, runs, training

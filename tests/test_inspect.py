@@ -1,4 +1,4 @@
-"""keras_vit.inspect and keras_vit.plots: attention weights, rollout, attention distance,
+"""keras_vit.inspection and keras_vit.plots: attention weights, rollout, attention distance,
 position-embedding similarity, embedding filters, their pictures and `keras-vit inspect`."""
 
 import itertools
@@ -12,7 +12,7 @@ import pytest
 from helpers import random_images
 
 import keras_vit
-from keras_vit import inspect as vit_inspect
+from keras_vit import inspection as vit_inspect
 from keras_vit import plots
 
 TINY = keras_vit.ViTConfig("vit_tiny_test", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
@@ -417,5 +417,4 @@ def test_star_import_keeps_the_standard_inspect():
     namespace = {}
     exec("import inspect\nfrom keras_vit import *", namespace)
     assert namespace["inspect"].__name__ == "inspect"
-    assert keras_vit.inspect is vit_inspect
-    assert "inspect" not in keras_vit.__all__
+    assert "inspect" not in keras_vit.__all__ and "inspection" not in keras_vit.__all__

@@ -19,7 +19,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from helpers import subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig

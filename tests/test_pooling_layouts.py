@@ -17,7 +17,7 @@ from helpers import checkpoint_writers as writers
 from helpers import count_params_without_weights, random_images
 
 import keras_vit
-from keras_vit import inspect as vit_inspect
+from keras_vit import inspection as vit_inspect
 from keras_vit.converters import CheckpointError, inspect_checkpoint, load_checkpoint
 from keras_vit.layers import MultiheadAttentionPooling, TokenPooling
 from keras_vit.variants import ViTConfig

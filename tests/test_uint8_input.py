@@ -86,7 +86,7 @@ def test_uint8_input_equals_normalising_on_the_host(policy, statistics):
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="no jax")
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="runs on JAX in this process already")
 def test_uint8_input_equals_normalising_on_the_host_on_jax(tmp_path):
-    from conftest import subprocess_env
+    from helpers import subprocess_env
 
     out = tmp_path / "result.json"
     done = subprocess.run(

@@ -11,7 +11,7 @@ import textwrap
 import keras
 import numpy as np
 import pytest
-from conftest import subprocess_env
+from helpers import subprocess_env
 
 import keras_vit
 
