@@ -263,9 +263,28 @@ class ViT(keras.Model):
         return super().__call__(*args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        """`keras.Model.predict`, with the input shape checked first (`_check_images`)."""
+        """`keras.Model.predict`, with the input checked first (`_check_images`, `_check_batch`)."""
         self._check_images(x)
+        self._check_batch(x)
         return super().predict(x, *args, **kwargs)
+
+    def _check_batch(self, images) -> None:
+        """Refuse an empty batch and NaN or infinite pixels of an array given to `predict`.
+
+        An empty batch must not reach Keras's predict loop: on JAX the loop takes the weights
+        out of the model for the first step, finds no data, and never puts them back, so every
+        later call fails (`'NoneType' object is not callable`).
+        """
+        shape = getattr(images, "shape", None)
+        if shape is not None and len(shape) > 0 and shape[0] == 0:
+            raise ValueError(
+                f"{self.name}.predict got an empty batch (shape {tuple(shape)}): no images to predict."
+            )
+        if isinstance(images, np.ndarray) and images.dtype.kind == "f" and not np.isfinite(images).all():
+            raise ValueError(
+                f"{self.name}.predict got NaN or infinite pixel values: they are no image (check the "
+                "loading and keras_vit.preprocess_input)."
+            )
 
     def _check_images(self, images) -> None:
         """Refuse images whose known shape cannot be this model's input, saying what to do.
@@ -278,6 +297,7 @@ class ViT(keras.Model):
         if hasattr(images, "element_spec"):  # a tf.data.Dataset of images or (images, ...) tuples
             spec = images.element_spec
             images = spec[0] if isinstance(spec, tuple) else spec
+        self._check_dtype(images)
         try:
             shape = tuple(None if size is None else int(size) for size in images.shape)
         except (AttributeError, TypeError, ValueError):  # no shape, or of unknown rank: nothing to check
@@ -306,6 +326,30 @@ class ViT(keras.Model):
         raise ValueError(
             f"{self.name} takes images of shape (batch, {height}, {width}, {channels}), got shape "
             f"{shape}: {advice}."
+        )
+
+    def _check_dtype(self, images) -> None:
+        """Refuse integer or bool pixels: this model takes normalised floats (`preprocess_input`).
+
+        A model built with the uint8 input option (`image_dtype="uint8"`) normalises uint8
+        pixels itself, so it takes them.
+        """
+        dtype = getattr(images, "dtype", None)
+        if dtype is None:
+            return
+        try:
+            dtype = keras.backend.standardize_dtype(dtype)
+        except ValueError:  # a dtype Keras does not know (strings, objects): Keras refuses it
+            return
+        if not dtype.startswith(("int", "uint", "bool")):
+            return
+        uint8_input = getattr(self, "image_dtype", getattr(self.config, "image_dtype", None)) == "uint8"
+        if uint8_input and dtype == "uint8":
+            return
+        raise TypeError(
+            f"{self.name} takes normalised float images, got {dtype} pixels: pass them through "
+            "keras_vit.preprocess_input(images, model) first (raw pixels would be classified without "
+            "a word, and wrongly)."
         )
 
     # --- views and copies ----------------------------------------------------------------------

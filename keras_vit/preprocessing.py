@@ -326,6 +326,11 @@ def decode_predictions(preds, top: int = 5, tag_or_model=None) -> list[list[tupl
         raise ValueError(f"decode_predictions expects (batch, classes) predictions, got shape {preds.shape}.")
     if not isinstance(top, (int, np.integer)) or top < 1:
         raise ValueError(f"top must be a positive int, got {top!r}.")
+    if not np.isfinite(preds).all():
+        raise ValueError(
+            "decode_predictions got NaN or infinite predictions: the model's output is broken (NaN "
+            "pixels, or a diverged model); there are no classes to name."
+        )
     width = preds.shape[1]
     entry = model_entry(tag_or_model)
     if entry is not None:

@@ -1,0 +1,120 @@
+"""Every input is honoured or refused with a message naming it (issue 29, items 3 to 5).
+
+Prefixes: `test_pixels_...` integer, bool, NaN or empty pixels given to public entry points;
+`test_backend_...` the same on JAX and PyTorch, one subprocess per backend.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import subprocess_env
+
+import keras_vit
+from keras_vit import inspection
+from keras_vit.models import build_vit
+from keras_vit.variants import ViTConfig
+
+TINY = ViTConfig("tiny_inputs", patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, image_size=32)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return build_vit(TINY, num_classes=3)
+
+
+def _images(dtype="float32", batch=2) -> np.ndarray:
+    return np.random.default_rng(0).uniform(0, 255, (batch, 32, 32, 3)).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int32", "int64", "bool"])
+@pytest.mark.parametrize("entry", ["predict", "call"])
+def test_pixels_integer_or_bool_refused_with_pointer(tiny_model, dtype, entry):
+    images = _images(dtype)
+    run = tiny_model.predict if entry == "predict" else tiny_model
+    with pytest.raises(TypeError, match=rf"got {dtype} pixels: pass them through keras_vit.preprocess_input"):
+        run(images)
+    assert np.isfinite(tiny_model.predict(_images() / 128 - 1, verbose=0)).all()  # still works
+
+
+def test_pixels_nan_refused_by_predict(tiny_model):
+    images = _images() / 128 - 1
+    images[1, 3, 4, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite pixel values"):
+        tiny_model.predict(images, verbose=0)
+
+
+def test_pixels_empty_batch_refused(tiny_model):
+    with pytest.raises(ValueError, match=r"empty batch \(shape \(0, 32, 32, 3\)\)"):
+        tiny_model.predict(np.zeros((0, 32, 32, 3), "float32"), verbose=0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_pixels_decode_predictions_refuses_nan(bad):
+    predictions = np.full((2, 1000), 1e-3, "float32")
+    predictions[0, 7] = bad
+    with pytest.raises(ValueError, match="decode_predictions got NaN or infinite predictions"):
+        keras_vit.decode_predictions(predictions)
+
+
+def test_pixels_preprocess_input_refuses_nan():
+    images = _images()
+    images[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        keras_vit.preprocess_input(images)
+
+
+def test_pixels_inspection_refuses_integers_and_nan(tiny_model):
+    with pytest.raises(TypeError, match="preprocess_input"):
+        inspection.attention_rollout(tiny_model, _images("uint8"))
+    images = _images() / 128 - 1
+    images[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        inspection.attention_rollout(tiny_model, images)
+
+
+_BACKEND_SCRIPT = """
+import json, sys
+import numpy as np
+import keras_vit
+from keras_vit import inspection
+from keras_vit.models import build_vit
+from keras_vit.variants import ViTConfig
+
+model = build_vit(ViTConfig("t", patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64,
+                            image_size=32), num_classes=3)
+good = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+before = model.predict(good, verbose=0)
+errors = {}
+for name, images in [("empty", good[:0]), ("uint8", (good * 100 + 100).astype("uint8")),
+                     ("bool", good > 0), ("nan", np.where(good > 0.9, np.nan, good))]:
+    try:
+        model.predict(images, verbose=0)
+        errors[name] = None
+    except (ValueError, TypeError) as error:
+        errors[name] = str(error)
+after = model.predict(good, verbose=0)
+print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, after))}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
+    """On JAX an empty batch reaching Keras's predict loop used to break the model for good."""
+    result = subprocess.run(
+        [sys.executable, "-c", _BACKEND_SCRIPT],
+        env=subprocess_env(KERAS_BACKEND=backend),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["unchanged"]
+    assert "empty batch" in outcome["errors"]["empty"]
+    assert "preprocess_input" in outcome["errors"]["uint8"]
+    assert "preprocess_input" in outcome["errors"]["bool"]
+    assert "NaN" in outcome["errors"]["nan"]
