@@ -5,6 +5,8 @@ Prefixes: `test_pixels_...` integer, bool, NaN or empty pixels given to public e
 """
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +16,7 @@ from conftest import subprocess_env
 
 import keras_vit
 from keras_vit import inspection
+from keras_vit.converters import CheckpointError
 from keras_vit.models import build_vit
 from keras_vit.variants import ViTConfig
 
@@ -79,6 +82,7 @@ _BACKEND_SCRIPT = """
 import json, sys
 import numpy as np
 import keras_vit
+from keras_vit.converters import CheckpointError
 from keras_vit import inspection
 from keras_vit.models import build_vit
 from keras_vit.variants import ViTConfig
@@ -118,3 +122,61 @@ def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
     assert "preprocess_input" in outcome["errors"]["uint8"]
     assert "preprocess_input" in outcome["errors"]["bool"]
     assert "NaN" in outcome["errors"]["nan"]
+
+
+# --- a damaged keras_vit.json: an error naming the file and the fault ---------------------------
+
+
+@pytest.fixture(scope="module")
+def shared_folder(tmp_path_factory, tiny_model):
+    folder = tmp_path_factory.mktemp("shared") / "tiny"
+    keras_vit.save_pretrained(tiny_model, folder)
+    return folder
+
+
+def _damaged_copy(shared_folder, tmp_path, edit) -> str:
+    folder = tmp_path / "copy"
+    shutil.copytree(shared_folder, folder)
+    metadata_file = folder / "keras_vit.json"
+    metadata = json.loads(metadata_file.read_text())
+    text = edit(metadata)
+    metadata_file.write_text(text if isinstance(text, str) else json.dumps(metadata))
+    return str(folder)
+
+
+def _drop(*keys):
+    def edit(metadata):
+        target = metadata
+        for key in keys[:-1]:
+            target = target[key]
+        del target[keys[-1]]
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda metadata: json.dumps(metadata)[:-40], "is not valid JSON"),
+        (lambda metadata: "[1, 2]", "holds a list, not an object"),
+        (_drop("model"), "field 'model' is missing"),
+        (_drop("weights"), "field 'weights' is missing"),
+        (
+            lambda metadata: metadata.update(weights="../../elsewhere.safetensors"),
+            "a file in the same folder",
+        ),
+        (_drop("model", "num_classes"), "field 'model' lacks 'num_classes'"),
+        (
+            lambda metadata: metadata["model"]["config"].update(depth_typo=3),
+            "'model.config' is no ViT config",
+        ),
+    ],
+    ids=["truncated", "not-object", "no-model", "no-weights", "weights-path", "no-num-classes", "bad-config"],
+)
+def test_damaged_metadata_names_file_and_fault(shared_folder, tmp_path, edit, message):
+    folder = _damaged_copy(shared_folder, tmp_path, edit)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        keras_vit.load_pretrained(folder)
+    assert os.path.join(folder, "keras_vit.json") in str(caught.value)
+    with pytest.raises(CheckpointError, match=message):
+        keras_vit.create_model("vit_ti16", folder)  # the same reader for pretrained=FOLDER
