@@ -4,18 +4,22 @@ Prefixes: `test_pixels_...` integer, bool, NaN or empty pixels given to public e
 `test_backend_...` the same on JAX and PyTorch, one subprocess per backend.
 """
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import sklearn.datasets
 from conftest import subprocess_env
+from PIL import Image
 
 import keras_vit
-from keras_vit import inspection
+from keras_vit import data, inspection
 from keras_vit.converters import CheckpointError
 from keras_vit.models import build_vit
 from keras_vit.variants import ViTConfig
@@ -180,3 +184,39 @@ def test_damaged_metadata_names_file_and_fault(shared_folder, tmp_path, edit, me
     assert os.path.join(folder, "keras_vit.json") in str(caught.value)
     with pytest.raises(CheckpointError, match=message):
         keras_vit.create_model("vit_ti16", folder)  # the same reader for pretrained=FOLDER
+
+
+# --- image folders: decoded in full when checked ------------------------------------------------
+
+SAMPLE_JPEG = Path(sklearn.datasets.__file__).parent / "images" / "china.jpg"  # a real photograph
+
+
+def _damaged_mid_file(data: bytes, how: str) -> bytes:
+    """The JPEG with bytes lost mid-file; its header and end-of-image marker are intact."""
+    half = len(data) // 2
+    if how == "zeroed":
+        return data[:half] + bytes(len(data) // 4) + data[half + len(data) // 4 :]
+    return data[:half] + data[-2:]  # "cut": the second half of the scan gone
+
+
+@pytest.mark.parametrize("how", ["zeroed", "cut"])
+def test_image_folder_refuses_or_skips_a_jpeg_damaged_mid_file(tmp_path, how, capfd):
+    photo = SAMPLE_JPEG.read_bytes()
+    damaged = _damaged_mid_file(photo, how)
+    with Image.open(io.BytesIO(damaged)) as image:
+        image.load()  # what the check did before: Pillow decodes it without a word (grey blocks)
+    root = tmp_path / "train"
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        for index in range(2):
+            (root / name / f"{index}.jpg").write_bytes(photo)
+    bad = root / "b" / "1.jpg"
+    bad.write_bytes(damaged)
+    with pytest.raises(
+        data.BadImageError, match=rf"1 of the 4 image files .*{bad} \(damaged JPEG data, libjpeg: "
+    ):
+        data.from_directory(root)
+    with pytest.warns(UserWarning, match=rf"Skipped: 1 of the 4 .*{bad}") as caught:
+        source = data.from_directory(root, on_bad_image="skip")
+    assert len(caught) == 1 and str(bad) not in source.files and source.class_counts == (2, 1)
+    assert "Corrupt JPEG" not in capfd.readouterr().err  # said once, in the error, with the file's name
