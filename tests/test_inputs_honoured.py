@@ -19,7 +19,7 @@ from conftest import subprocess_env
 from PIL import Image
 
 import keras_vit
-from keras_vit import data, inspection
+from keras_vit import cli, data, inspection, training
 from keras_vit.converters import CheckpointError
 from keras_vit.models import build_vit
 from keras_vit.variants import ViTConfig
@@ -220,3 +220,127 @@ def test_image_folder_refuses_or_skips_a_jpeg_damaged_mid_file(tmp_path, how, ca
         source = data.from_directory(root, on_bad_image="skip")
     assert len(caught) == 1 and str(bad) not in source.files and source.class_counts == (2, 1)
     assert "Corrupt JPEG" not in capfd.readouterr().err  # said once, in the error, with the file's name
+
+
+# --- the command line: every flag honoured or refused before anything runs ----------------------
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory, tiny_model):
+    """What keras-vit train leaves: model.keras and labels.txt in the run folder."""
+    folder = tmp_path_factory.mktemp("vit_run")
+    tiny_model.save(folder / "model.keras")
+    (folder / "labels.txt").write_text("cat\ndog\nowl\n")
+    Image.fromarray(_images("uint8", 1)[0]).save(folder / "photo.png")
+    return folder
+
+
+def _cli(capsys, *arguments) -> tuple[int, str, str]:
+    code = cli.main([str(argument) for argument in arguments])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("how", ["keras-file", "shared-folder"])
+def test_cli_predict_takes_the_runs_model_and_its_class_names(run_folder, shared_folder, capsys, how):
+    model = run_folder / "model.keras" if how == "keras-file" else shared_folder
+    code, out, err = _cli(capsys, "predict", run_folder / "photo.png", "--model", model, "--top", 2)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == str(run_folder / "photo.png") and len(lines) == 3
+    if how == "keras-file":  # labels.txt, written beside model.keras by keras-vit train
+        assert {line.split()[-1] for line in lines[1:]} <= {"cat", "dog", "owl"}
+
+
+def test_cli_inspect_takes_the_runs_model(run_folder, tmp_path, capsys):
+    code, out, err = _cli(
+        capsys,
+        "inspect",
+        run_folder / "photo.png",
+        "--model",
+        run_folder / "model.keras",
+        "--out",
+        tmp_path / "pngs",
+    )
+    assert code == 0, err
+    assert "wrote" in out and any((tmp_path / "pngs").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["predict", "{photo}", "--model", "{model}", "--weights", "true"],
+            "--weights cannot be used with --model",
+        ),
+        (
+            ["predict", "{photo}", "--saved-model", "{run}", "--model", "vit_ti16", "--max-pixels", "10"],
+            "--model, --max-pixels cannot be used with --saved-model",
+        ),
+        (["predict", "{photo}", "--model", "{model}", "--top", "4"], "--top 4 is more than the 3 classes"),
+        (["predict", "{photo}", "--model", "{model}", "--labels", "{two_names}"], "holds 2 class names but"),
+        (["inspect", "{photo}", "--model", "{model}", "--weights", "false"], "--weights cannot be used"),
+        (["inspect", "{photo}", "--model", "{model}", "--out", "{photo}"], "is a file, not a folder"),
+        (
+            ["export", "{out}", "--format", "onnx", "--labels", "{two_names}"],
+            "--labels cannot be used with --format onnx",
+        ),
+        (
+            ["export", "{out}", "--format", "litert", "--top-k", "2", "--version", "3", "--no-warmup"],
+            "--version, --top-k, --no-warmup cannot be used with --format litert",
+        ),
+        (["export", "{out}", "--format", "onnx", "--int8"], "--int8 cannot be used with --format onnx"),
+        (["export", "{out}", "--preprocessing"], "--preprocessing cannot be used with --format saved_model"),
+        (
+            ["export", "{out}", "--model", "{model}", "--weights", "true"],
+            "--weights cannot be used with --model",
+        ),
+        (["export", "{out}", "--model", "{model}", "--labels", "{two_names}"], "holds 2 class names but"),
+        (["convert", "{model}", "{out}", "--num-classes", "5"], "--num-classes cannot be used with SOURCE"),
+        (["convert", "{model}", "{out}", "--model", "vit_s16"], "--model cannot be used with SOURCE"),
+        (
+            ["convert", "vit_ti16", "{out}", "--model", "vit_s16"],
+            "--model cannot be used with SOURCE vit_ti16",
+        ),
+        (["convert", "{photo}", "{out}", "--weights", "false"], "--weights cannot be used with SOURCE"),
+        (["convert", "vit_ti16", "{out}", "--labels", "{two_names}"], "--labels cannot be used without --to"),
+        (["push", "{model}", "me/tiny", "--weights", "false"], "--weights cannot be used with SOURCE"),
+        (
+            ["train", "--test-split", "validation"],
+            "test_split='validation' (--test-split) applies to tensorflow",
+        ),
+        (
+            ["train", "--dataset", "{run}", "--data-dir", "{run}"],
+            "--data-dir) applies to tensorflow-datasets",
+        ),
+        (["pretrain", "--on-bad-image", "skip"], "(--on-bad-image) applies to image folders only"),
+    ],
+)
+def test_cli_flag_a_mode_cannot_honour_is_refused_first(run_folder, tmp_path, capsys, arguments, message):
+    two_names = tmp_path / "two.txt"
+    two_names.write_text("cat\ndog\n")
+    values = dict(
+        photo=run_folder / "photo.png",
+        model=run_folder / "model.keras",
+        run=run_folder,
+        out=tmp_path / "out",
+        two_names=two_names,
+    )
+    before = sorted(run_folder.rglob("*"))
+    code, out, err = _cli(capsys, *(argument.format(**values) for argument in arguments))
+    assert code in (1, 2) and out == ""
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists() and sorted(run_folder.rglob("*")) == before
+
+
+@pytest.mark.parametrize("command", ["train", "pretrain"])
+def test_cli_output_dir_that_is_a_file_is_refused_when_parsed(tmp_path, capsys, command):
+    in_the_way = tmp_path / "report.txt"
+    in_the_way.write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--output-dir", str(in_the_way)])
+    assert exit_info.value.code == 2
+    assert f"argument --output-dir: '{in_the_way}' is a file, not a folder" in capsys.readouterr().err
+    assert in_the_way.read_text() == "mine"
+    with pytest.raises(NotADirectoryError, match="cannot be made: .* is a file"):
+        training.train(TINY, "digits", output_dir=in_the_way / "run", steps=1)
