@@ -351,7 +351,9 @@ def _check_export_flags(args) -> None:
         )
         if args.format == "onnx":
             refuse_flags(
-                args, ("int8",), "with --format onnx: dynamic-range int8 weights are a litert option"
+                args,
+                ("int8",),
+                "with --format onnx: --int8 applies to --format litert (dynamic-range int8 weights)",
             )
     args.model = args.model or MODEL
     _check_model_flags(args)
