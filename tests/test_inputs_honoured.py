@@ -296,6 +296,10 @@ def test_cli_inspect_takes_the_runs_model(run_folder, tmp_path, capsys):
             "--weights cannot be used with --model",
         ),
         (["export", "{out}", "--model", "{model}", "--labels", "{two_names}"], "holds 2 class names but"),
+        (["convert", "vit_ti16", "{photo}/out", "--to", "timm"], "OUTPUT '{photo}/out' cannot be made: "),
+        (["convert", "vit_ti16", "{photo}/out.keras"], "OUTPUT '{photo}/out.keras' cannot be made: "),
+        (["export", "{photo}/v", "--model", "vit_ti16"], "EXPORT_DIR '{photo}/v' cannot be made: "),
+        (["export", "{run}", "--format", "onnx", "--model", "vit_ti16"], "EXPORT_DIR '{run}' is a folder"),
         (["convert", "{model}", "{out}", "--num-classes", "5"], "--num-classes cannot be used with SOURCE"),
         (["convert", "{model}", "{out}", "--model", "vit_s16"], "--model cannot be used with SOURCE"),
         (
@@ -329,7 +333,7 @@ def test_cli_flag_a_mode_cannot_honour_is_refused_first(run_folder, tmp_path, ca
     before = sorted(run_folder.rglob("*"))
     code, out, err = _cli(capsys, *(argument.format(**values) for argument in arguments))
     assert code in (1, 2) and out == ""
-    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert message.format(**values) in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists() and sorted(run_folder.rglob("*")) == before
 
 

@@ -13,7 +13,7 @@ import sys
 from keras_vit import defaults
 from keras_vit.cli.startup import op_error_message
 from keras_vit.environment import require_tensorflow_backend
-from keras_vit.validation import existing_file
+from keras_vit.validation import existing_file, output_file, output_folder
 
 MODEL = "vit_b16"  # --model's default (predict, inspect, export, convert, push)
 
@@ -234,6 +234,7 @@ def _convert_source(args):
 def run_convert(args) -> int:
     if not args.to:
         refuse_flags(args, ("labels",), "without --to: a .keras file holds no class names")
+    (output_folder if args.to else output_file)("OUTPUT", args.output)
     model = _convert_source(args)
     if args.to:
         import keras_vit
@@ -283,7 +284,6 @@ def run_push(args) -> int:
 
 def run_inspect(args) -> int:
     from keras_vit.plots import write_inspection
-    from keras_vit.validation import output_folder
 
     args.model = args.model or MODEL
     _check_model_flags(args)
@@ -357,6 +357,7 @@ def _check_export_flags(args) -> None:
             )
     args.model = args.model or MODEL
     _check_model_flags(args)
+    (output_folder if args.format == "saved_model" else output_file)("EXPORT_DIR", args.export_dir)
 
 
 def run_export(args) -> int:
