@@ -266,7 +266,24 @@ class ViT(keras.Model):
         """`keras.Model.predict`, with the input checked first (`_check_images`, `_check_batch`)."""
         self._check_images(x)
         self._check_batch(x)
-        return super().predict(x, *args, **kwargs)
+        if keras.backend.backend() != "jax":
+            return super().predict(x, *args, **kwargs)
+        # On JAX, Keras's predict loop takes the weights out of the variables while it runs and
+        # puts them back only when it ends normally: a failure (a bad batch from a dataset, an
+        # interrupt) would leave every variable empty and the model broken for good. They are
+        # put back on failure: the state after the last good batch, else the values before the
+        # first (references: a batch that fails before it runs leaves them intact).
+        values = [variable.value for variable in self.variables]
+        try:
+            return super().predict(x, *args, **kwargs)
+        except BaseException:
+            if getattr(self, "_jax_state", None):
+                self.jax_state_sync()
+            else:
+                for variable, value in zip(self.variables, values, strict=True):
+                    variable.assign(value)
+            self._jax_state = None
+            raise
 
     def _check_batch(self, images) -> None:
         """Refuse an empty batch and NaN or infinite pixels of an array given to `predict`.

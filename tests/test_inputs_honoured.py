@@ -84,6 +84,7 @@ def test_pixels_inspection_refuses_integers_and_nan(tiny_model):
 
 _BACKEND_SCRIPT = """
 import json, sys
+import keras
 import numpy as np
 import keras_vit
 from keras_vit.converters import CheckpointError
@@ -103,6 +104,27 @@ for name, images in [("empty", good[:0]), ("uint8", (good * 100 + 100).astype("u
         errors[name] = None
     except (ValueError, TypeError) as error:
         errors[name] = str(error)
+
+
+class FailingBatches(keras.utils.PyDataset):
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, index):
+        if index == self.at:
+            raise RuntimeError("a bad batch")
+        return good
+
+
+for at in (0, 1):
+    try:
+        model.predict(FailingBatches(at), verbose=0)
+    except RuntimeError as error:
+        errors[f"batch {at}"] = str(error)
 after = model.predict(good, verbose=0)
 print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, after))}))
 """
@@ -110,7 +132,7 @@ print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, aft
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
-    """On JAX an empty batch reaching Keras's predict loop used to break the model for good."""
+    """On JAX an empty batch or a failing batch in Keras's predict loop used to break the model for good."""
     result = subprocess.run(
         [sys.executable, "-c", _BACKEND_SCRIPT],
         env=subprocess_env(KERAS_BACKEND=backend),
@@ -126,6 +148,7 @@ def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
     assert "preprocess_input" in outcome["errors"]["uint8"]
     assert "preprocess_input" in outcome["errors"]["bool"]
     assert "NaN" in outcome["errors"]["nan"]
+    assert outcome["errors"]["batch 0"] == outcome["errors"]["batch 1"] == "a bad batch"
 
 
 # --- a damaged keras_vit.json: an error naming the file and the fault ---------------------------
