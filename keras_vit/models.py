@@ -266,21 +266,35 @@ class ViT(keras.Model):
         """`keras.Model.predict`, with the input checked first (`_check_images`, `_check_batch`)."""
         self._check_images(x)
         self._check_batch(x)
+        with self._state_kept_on_failure():
+            return super().predict(x, *args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        """`keras.Model.evaluate`; a failure leaves the model usable (`_state_kept_on_failure`)."""
+        with self._state_kept_on_failure():
+            return super().evaluate(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _state_kept_on_failure(self):
+        """On JAX, put the weights back into the model when `evaluate` or `predict` fails.
+
+        Keras's JAX loops take the variables' values out of the model while they run and put
+        them back only when the loop ends normally: a failure (a bad batch from a dataset, an
+        interrupt) would leave every variable empty and the model broken for good (`'NoneType'
+        object is not callable`). The state after the last good step is put back, else the
+        values from before the call (references, intact when the first step fails before it runs).
+        """
         if keras.backend.backend() != "jax":
-            return super().predict(x, *args, **kwargs)
-        # On JAX, Keras's predict loop takes the weights out of the variables while it runs and
-        # puts them back only when it ends normally: a failure (a bad batch from a dataset, an
-        # interrupt) would leave every variable empty and the model broken for good. They are
-        # put back on failure: the state after the last good batch, else the values before the
-        # first (references: a batch that fails before it runs leaves them intact).
-        values = [variable.value for variable in self.variables]
+            yield
+            return
+        before = [(variable, variable.value) for variable in (*self.variables, *self.metrics_variables)]
         try:
-            return super().predict(x, *args, **kwargs)
+            yield
         except BaseException:
             if getattr(self, "_jax_state", None):
                 self.jax_state_sync()
             else:
-                for variable, value in zip(self.variables, values, strict=True):
+                for variable, value in before:
                     variable.assign(value)
             self._jax_state = None
             raise

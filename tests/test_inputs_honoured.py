@@ -117,22 +117,26 @@ class FailingBatches(keras.utils.PyDataset):
     def __getitem__(self, index):
         if index == self.at:
             raise RuntimeError("a bad batch")
-        return good
+        return good, np.array([0, 1])
 
 
-for at in (0, 1):
-    try:
-        model.predict(FailingBatches(at), verbose=0)
-    except RuntimeError as error:
-        errors[f"batch {at}"] = str(error)
+model.compile(loss="sparse_categorical_crossentropy")
+for call in ("predict", "evaluate"):
+    for at in (0, 1):
+        try:
+            getattr(model, call)(FailingBatches(at), verbose=0)
+        except RuntimeError as error:
+            errors[f"{call} batch {at}"] = str(error)
 after = model.predict(good, verbose=0)
+errors["evaluate after"] = float(model.evaluate(good, np.array([0, 1]), verbose=0))
 print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, after))}))
 """
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
-    """On JAX an empty batch or a failing batch in Keras's predict loop used to break the model for good."""
+    """On JAX an empty batch or a failing batch in Keras's predict or evaluate loop used to break the
+    model for good."""
     result = subprocess.run(
         [sys.executable, "-c", _BACKEND_SCRIPT],
         env=subprocess_env(KERAS_BACKEND=backend),
@@ -148,7 +152,9 @@ def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
     assert "preprocess_input" in outcome["errors"]["uint8"]
     assert "preprocess_input" in outcome["errors"]["bool"]
     assert "NaN" in outcome["errors"]["nan"]
-    assert outcome["errors"]["batch 0"] == outcome["errors"]["batch 1"] == "a bad batch"
+    for call in ("predict", "evaluate"):
+        assert outcome["errors"][f"{call} batch 0"] == outcome["errors"][f"{call} batch 1"] == "a bad batch"
+    assert np.isfinite(outcome["errors"]["evaluate after"])
 
 
 # --- a damaged keras_vit.json: an error naming the file and the fault ---------------------------
