@@ -377,3 +377,19 @@ def test_cli_output_dir_that_is_a_file_is_refused_when_parsed(tmp_path, capsys, 
     assert in_the_way.read_text() == "mine"
     with pytest.raises(NotADirectoryError, match="cannot be made: .* is a file"):
         training.train(TINY, "digits", output_dir=in_the_way / "run", steps=1)
+
+
+def test_cli_predict_takes_a_checkpoint_file_as_model(run_folder, tmp_path, shared_folder, capsys):
+    keras_vit.save_pretrained(keras_vit.create_model("vit_ti16", num_classes=4), tmp_path / "ti16")
+    checkpoint = tmp_path / "ti16" / "model.safetensors"
+    code, out, err = _cli(capsys, "predict", run_folder / "photo.png", "--model", checkpoint, "--labels", "-")
+    assert code == 1 and "labels file '-' does not exist" in err  # checked before the model is built
+    code, out, err = _cli(capsys, "predict", run_folder / "photo.png", "--model", checkpoint)
+    assert code == 0, err
+    assert len(out.splitlines()) == 5 and "4 classes have no names: pass --labels FILE" in err
+    code, out, err = _cli(
+        capsys, "predict", run_folder / "photo.png", "--model", shared_folder / "model.safetensors"
+    )
+    assert code == 1 and "no keras_vit variant has" in err
+    code, out, err = _cli(capsys, "predict", run_folder / "photo.png", "--model", run_folder)
+    assert code == 1 and f"no keras_vit.json): pass {run_folder / 'model.keras'}" in err

@@ -92,25 +92,51 @@ def _holds_weights(model: str) -> bool:
     return model.endswith(".keras") or os.path.isfile(os.path.join(model, METADATA_FILE))
 
 
+def _is_checkpoint(model: str) -> bool:
+    """Whether `--model` names a checkpoint file (a Google .npz, timm or transformers file)."""
+    return os.path.isfile(model) and not model.endswith(".keras")
+
+
 def _check_model_flags(args) -> None:
-    """`--model` a variant with `--weights`, or a .keras file / save_pretrained folder without."""
-    if _holds_weights(args.model):
+    """`--model` a variant with `--weights`; or without: a .keras file, a save_pretrained folder
+    or a checkpoint file (its variant found from its shapes)."""
+    from keras_vit.variants import VARIANTS
+
+    if _holds_weights(args.model) or _is_checkpoint(args.model):
         kind = "a .keras file" if args.model.endswith(".keras") else "a save_pretrained folder"
+        kind = "a checkpoint file" if _is_checkpoint(args.model) else kind
         refuse_flags(args, ("weights",), f"with --model {args.model}: {kind} already holds its weights")
         if args.model.endswith(".keras"):
             existing_file("--model", args.model)
+    elif args.model not in VARIANTS and os.path.isdir(args.model):
+        inside = os.path.join(args.model, "model.keras")
+        hint = f": pass {inside}" if os.path.isfile(inside) else ""
+        raise ValueError(
+            f"--model {args.model} is a folder that keras_vit.save_pretrained did not write (no "
+            f"keras_vit.json){hint}."
+        )
 
 
 def _model(args, default_weights: bool | str = True):
     """The model `--model` names (checked by `_check_model_flags`): a variant built with
-    `--weights` (default `default_weights`), a .keras file (keras-vit train's model.keras) or a
-    save_pretrained folder."""
+    `--weights` (default `default_weights`), a .keras file (keras-vit train's model.keras), a
+    save_pretrained folder or a checkpoint file."""
     import keras_vit
 
     if args.model.endswith(".keras"):
         return keras_vit.load_model(args.model)
     if _holds_weights(args.model):
         return keras_vit.load_pretrained(args.model)
+    if _is_checkpoint(args.model):
+        from keras_vit.converters import inspect_checkpoint
+
+        variant = inspect_checkpoint(args.model).variant
+        if variant is None:
+            raise ValueError(
+                f"--model {args.model}: no keras_vit variant has this checkpoint's architecture; pass a "
+                "variant as --model and the file as --weights."
+            )
+        return keras_vit.create_model(variant, args.model)
     return keras_vit.create_model(args.model, default_weights if args.weights is None else args.weights)
 
 
@@ -159,6 +185,8 @@ def run_predict(args) -> int:
 
     for path in args.images:
         existing_file("image", path)
+    if args.labels:
+        existing_file("the labels file", args.labels)
     model = _model(args)
     if args.weights is False:
         print(
@@ -364,6 +392,8 @@ def run_export(args) -> int:
     import keras_vit
 
     _check_export_flags(args)
+    if args.labels:
+        existing_file("the labels file", args.labels)
     model = _model(args)
     labels_file = _class_names_file(args)
     labels = _read_class_names(labels_file, model) if labels_file else _shared_class_names(args)

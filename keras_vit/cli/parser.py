@@ -46,7 +46,7 @@ _MAX_PIXELS_HELP = (
 _WEIGHTS_HELP = "true (the variant's default checkpoint), a catalog tag, a local file or a hub repo id"
 _MODEL_HELP = (
     f"a variant from `keras-vit models` (default {commands.MODEL}), a .keras file (keras-vit train's "
-    "model.keras) or a save_pretrained folder; the last two hold their weights (no --weights)"
+    "model.keras), a save_pretrained folder or a checkpoint file; these hold their weights (no --weights)"
 )
 _LABELS_HELP = (
     "a text file of class names, one per line in head order (default: the catalog's names, the "
