@@ -393,3 +393,33 @@ def test_cli_predict_takes_a_checkpoint_file_as_model(run_folder, tmp_path, shar
     assert code == 1 and "no keras_vit variant has" in err
     code, out, err = _cli(capsys, "predict", run_folder / "photo.png", "--model", run_folder)
     assert code == 1 and f"no keras_vit.json): pass {run_folder / 'model.keras'}" in err
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_backend_cli_predict_and_inspect_take_the_runs_model(run_folder, tmp_path, backend):
+    """The run's own model.keras (saved under TensorFlow) works with predict and inspect on every backend."""
+    outputs = []
+    for argv in (
+        ["predict", run_folder / "photo.png", "--model", run_folder / "model.keras"],
+        [
+            "inspect",
+            run_folder / "photo.png",
+            "--model",
+            run_folder / "model.keras",
+            "--out",
+            tmp_path / backend,
+        ],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "keras_vit.cli", *map(str, argv)],
+            env=subprocess_env(KERAS_BACKEND=backend),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
+        outputs.append(result.stdout.splitlines())
+    predicted, _ = outputs
+    assert {line.split()[-1] for line in predicted[1:]} == {"cat", "dog", "owl"}  # labels.txt's names
+    assert any((tmp_path / backend).iterdir())
