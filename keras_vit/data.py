@@ -26,10 +26,14 @@ pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import re
+import sys
+import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -232,6 +236,65 @@ def _image_problem(path: str, max_pixels: int | None) -> str | None:
     return None
 
 
+# libjpeg's warnings: it "recovers" from a damaged JPEG (grey blocks for the lost data) and says
+# so only with one of these lines on standard error, naming no file.
+_LIBJPEG_WARNINGS = re.compile(
+    r"^(Corrupt JPEG data|Premature end of JPEG file|Invalid SOS|Inconsistent progression).*$", re.M
+)
+
+
+@contextlib.contextmanager
+def _caught_stderr() -> Iterator[Callable[[], str]]:
+    """Standard error (file descriptor 2, where libjpeg writes) caught in a temporary file.
+
+    Yields a function that returns what was written since its last call. Anything caught
+    that is not a libjpeg warning is written back to standard error at the end.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    kept = []
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+
+        def since_last_call() -> str:
+            caught.seek(0)
+            text = caught.read().decode(errors="replace")
+            caught.seek(0)
+            caught.truncate()
+            kept.append(_LIBJPEG_WARNINGS.sub("", text).strip())
+            return text
+
+        try:
+            yield since_last_call
+        finally:
+            since_last_call()
+            os.dup2(saved, 2)
+            os.close(saved)
+    other = "\n".join(text for text in kept if text)
+    if other:
+        sys.stderr.write(other + "\n")
+
+
+def _decode_problems(paths: Sequence[str]) -> dict[str, str]:
+    """Why each file that the training's decoder (`_decode_file`) cannot fully decode is bad.
+
+    Every file is decoded once, as training reads it: a file the decoder refuses, and a JPEG
+    that libjpeg decodes only by "recovering" from damaged data (a partly grey image, e.g.
+    bytes lost mid-file with the header and end marker intact), are bad.
+    """
+    problems = {}
+    with _caught_stderr() as caught:
+        for path in paths:
+            try:
+                _decode_file(tf.constant(path))
+            except tf.errors.OpError as error:
+                problems[path] = error.message.splitlines()[0]
+            warning = _LIBJPEG_WARNINGS.search(caught())
+            if warning and path not in problems:
+                problems[path] = f"damaged JPEG data, libjpeg: {warning.group(0).strip()}"
+    return problems
+
+
 def _bad_image_message(root: str, bad: list[tuple[str, str]], total: int) -> str:
     shown = "; ".join(f"{path} ({reason})" for path, reason in bad[:5])
     more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
@@ -248,9 +311,11 @@ def from_directory(
     or png, in sorted order. Files are decoded when read, so the folder can exceed memory, and
     as Pillow decodes them (`keras_vit.tf_preprocessing.decode_image`).
 
-    Every file is checked first, cheaply (Pillow reads its header and checks its structure,
-    `_image_problem`; the cost is measured in the docs): a file that is no image, is damaged
-    or truncated, or has more than `max_pixels` pixels (`None`: no limit) is bad.
+    Every file is checked first: Pillow reads its header and checks its structure
+    (`_image_problem`), then the files are decoded once as training decodes them
+    (`_decode_problems`). A file that is no image, is damaged (even mid-file, with its header
+    and end marker intact) or truncated, or has more than `max_pixels` pixels (`None`: no
+    limit) is bad.
     `on_bad_image="stop"` (default) raises `BadImageError` naming the bad files;
     `"skip"` leaves them out with one warning that counts them.
     """
@@ -273,6 +338,8 @@ def from_directory(
             f"{'/'.join(IMAGE_EXTENSIONS)} files, e.g. {root}/cat/1.jpg, {root}/dog/2.jpg."
         )
     bad = [(file, problem) for file in paths if (problem := _image_problem(file, max_pixels)) is not None]
+    unread = {file for file, _ in bad}
+    bad = sorted(bad + list(_decode_problems([file for file in paths if file not in unread]).items()))
     if bad and on_bad_image == "stop":
         raise BadImageError(
             f"{_bad_image_message(root, bad, len(paths))} Remove or replace them, or skip them "
@@ -308,8 +375,7 @@ def from_directory(
 def undecodable_files(source: Source) -> list[tuple[str, str]]:
     """`(path, TensorFlow's error)` of each file of a folder source that TensorFlow cannot decode.
 
-    For a failure during training: `from_directory`'s check does not decode the files, so a
-    file TensorFlow's decoder refuses although Pillow reads its structure is found here, by
+    For a failure during training (a file changed after `from_directory`'s check): found by
     decoding each file once (eagerly). `[]` for sources that are not folders.
     """
     bad = []

@@ -32,6 +32,27 @@ def _folder(dataset: str | os.PathLike) -> str | None:
     raise FileNotFoundError(f"Dataset folder {path!r} does not exist.")
 
 
+# The data options that apply to one kind of dataset only: (name, default, the kind it applies to).
+_TFDS_OPTIONS = (
+    ("train_split", "train", "tensorflow-datasets names"),
+    ("test_split", "test", "tensorflow-datasets names"),
+    ("data_dir", None, "tensorflow-datasets names"),
+)
+_FOLDER_OPTIONS = (("on_bad_image", BAD_IMAGE_ACTIONS[0], "image folders"),)
+
+
+def _refuse_unused(dataset, kind: str, options: dict, applies: tuple) -> None:
+    """A data option this kind of dataset cannot honour, set to other than its default, is an
+    error that says so (it would be silently ignored)."""
+    unused = [
+        f"{name}={options[name]!r} (--{name.replace('_', '-')}) applies to {where} only"
+        for name, default, where in applies
+        if options.get(name, default) != default
+    ]
+    if unused:
+        raise ValueError(f"{'; '.join(unused)}: dataset {os.fspath(dataset)!r} is {kind}; leave them out.")
+
+
 def load_dataset(
     dataset: str | os.PathLike,
     *,
@@ -47,15 +68,21 @@ def load_dataset(
     `test_split` from `data_dir`. A folder's unreadable image files stop the run with their
     names, or are skipped with `on_bad_image="skip"` (`keras_vit.data.from_directory`).
     """
+    options = dict(
+        train_split=train_split, test_split=test_split, data_dir=data_dir, on_bad_image=on_bad_image
+    )
     if isinstance(dataset, str) and dataset == DATASET:
+        _refuse_unused(dataset, "scikit-learn's digits", options, _TFDS_OPTIONS + _FOLDER_OPTIONS)
         return data.load_digits()
     path = _folder(dataset)
     if path is None:
+        _refuse_unused(dataset, "a tensorflow-datasets name", options, _FOLDER_OPTIONS)
         name = os.fspath(dataset)
         return (
             data.from_tfds(name, train_split, data_dir=data_dir),
             data.from_tfds(name, test_split, data_dir=data_dir),
         )
+    _refuse_unused(dataset, "an image folder", options, _TFDS_OPTIONS)
     held_out = next(
         (name for name in ("test", "val", "validation") if os.path.isdir(os.path.join(path, name))), None
     )
@@ -83,6 +110,12 @@ def load_unlabeled(
     """The training images of `dataset` (their labels unused): the digits' train split, an image
     folder (its `train/` if present; any sub-folders), the `train_split` of a tfds name, a
     `keras_vit.data.Source`, or uint8-range images `(N, H, W[, C])`."""
+    options = dict(train_split=train_split, data_dir=data_dir, on_bad_image=on_bad_image)
+    if isinstance(dataset, (data.Source, np.ndarray)) or dataset == DATASET:
+        kind = "scikit-learn's digits" if isinstance(dataset, str) else f"a {type(dataset).__name__}"
+        _refuse_unused(
+            dataset if isinstance(dataset, str) else kind, kind, options, _TFDS_OPTIONS + _FOLDER_OPTIONS
+        )
     if isinstance(dataset, data.Source):
         return dataset
     if isinstance(dataset, np.ndarray):
@@ -91,7 +124,9 @@ def load_unlabeled(
         return data.load_digits()[0]  # the train split only: the test split stays unseen
     path = _folder(dataset)
     if path is None:
+        _refuse_unused(dataset, "a tensorflow-datasets name", options, _FOLDER_OPTIONS)
         return data.from_tfds(os.fspath(dataset), train_split, data_dir=data_dir)
+    _refuse_unused(dataset, "an image folder", options, _TFDS_OPTIONS)
     if os.path.isdir(os.path.join(path, "train")):
         path = os.path.join(path, "train")
     try:

@@ -60,7 +60,15 @@ def _layout(model: keras.Model) -> _Layout:
 
 
 def _check_images(images, layout: _Layout, model: keras.Model) -> np.ndarray:
-    images = np.asarray(images, dtype="float32")
+    images = np.asarray(images)
+    if images.dtype.kind in "iub":
+        raise TypeError(
+            f"Model {model.name!r} takes normalised float images, got {images.dtype} pixels: pass them "
+            "through keras_vit.preprocess_input(images, model) first."
+        )
+    images = images.astype("float32", copy=False)
+    if not np.isfinite(images).all():
+        raise ValueError("images hold NaN or infinite pixel values: they are no image.")
     expected = layout.image_shape
     if images.ndim == 3:
         raise ValueError(

@@ -294,9 +294,59 @@ class ViT(keras.Model):
         return super().__call__(*args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        """`keras.Model.predict`, with the input shape checked first (`_check_images`)."""
+        """`keras.Model.predict`, with the input checked first (`_check_images`, `_check_batch`)."""
         self._check_images(x)
-        return super().predict(x, *args, **kwargs)
+        self._check_batch(x)
+        with self._state_kept_on_failure():
+            return super().predict(x, *args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        """`keras.Model.evaluate`; a failure leaves the model usable (`_state_kept_on_failure`)."""
+        with self._state_kept_on_failure():
+            return super().evaluate(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _state_kept_on_failure(self):
+        """On JAX, put the weights back into the model when `evaluate` or `predict` fails.
+
+        Keras's JAX loops take the variables' values out of the model while they run and put
+        them back only when the loop ends normally: a failure (a bad batch from a dataset, an
+        interrupt) would leave every variable empty and the model broken for good (`'NoneType'
+        object is not callable`). The state after the last good step is put back, else the
+        values from before the call (references, intact when the first step fails before it runs).
+        """
+        if keras.backend.backend() != "jax":
+            yield
+            return
+        before = [(variable, variable.value) for variable in (*self.variables, *self.metrics_variables)]
+        try:
+            yield
+        except BaseException:
+            if getattr(self, "_jax_state", None):
+                self.jax_state_sync()
+            else:
+                for variable, value in before:
+                    variable.assign(value)
+            self._jax_state = None
+            raise
+
+    def _check_batch(self, images) -> None:
+        """Refuse an empty batch and NaN or infinite pixels of an array given to `predict`.
+
+        An empty batch must not reach Keras's predict loop: on JAX the loop takes the weights
+        out of the model for the first step, finds no data, and never puts them back, so every
+        later call fails (`'NoneType' object is not callable`).
+        """
+        shape = getattr(images, "shape", None)
+        if shape is not None and len(shape) > 0 and shape[0] == 0:
+            raise ValueError(
+                f"{self.name}.predict got an empty batch (shape {tuple(shape)}): no images to predict."
+            )
+        if isinstance(images, np.ndarray) and images.dtype.kind == "f" and not np.isfinite(images).all():
+            raise ValueError(
+                f"{self.name}.predict got NaN or infinite pixel values: they are no image (check the "
+                "loading and keras_vit.preprocess_input)."
+            )
 
     def _check_images(self, images) -> None:
         """Refuse images whose known shape cannot be this model's input, saying what to do.
@@ -309,7 +359,7 @@ class ViT(keras.Model):
         if hasattr(images, "element_spec"):  # a tf.data.Dataset of images or (images, ...) tuples
             spec = images.element_spec
             images = spec[0] if isinstance(spec, tuple) else spec
-        self._check_image_dtype(getattr(images, "dtype", None))
+        self._check_dtype(images)
         try:
             shape = tuple(None if size is None else int(size) for size in images.shape)
         except (AttributeError, TypeError, ValueError):  # no shape, or of unknown rank: nothing to check
@@ -340,19 +390,34 @@ class ViT(keras.Model):
             f"{shape}: {advice}."
         )
 
-    def _check_image_dtype(self, dtype) -> None:
-        """Refuse float images for a uint8 input: Keras would cast them to uint8 silently."""
-        if self.image_dtype != "uint8" or dtype is None:
+    def _check_dtype(self, images) -> None:
+        """Pixels of the dtype this model takes, or an error saying what to do.
+
+        A float model takes normalised floats: integer or bool pixels are refused with a pointer to
+        `preprocess_input` (raw pixels would be classified without a word, and wrongly). A model
+        built with the uint8 input option (`image_dtype="uint8"`) normalises uint8 pixels itself
+        and refuses anything else (Keras would cast floats to uint8 silently).
+        """
+        dtype = getattr(images, "dtype", None)
+        if dtype is None:
             return
         try:
             dtype = keras.backend.standardize_dtype(dtype)
-        except ValueError:  # not a dtype Keras knows: its own conversion decides
+        except ValueError:  # a dtype Keras does not know (strings, objects): Keras refuses it
             return
-        if dtype != "uint8":
-            raise ValueError(
-                f"{self.name} takes uint8 pixels in [0, 255] (image_dtype='uint8') and normalises them "
-                f"itself, got {dtype} images: pass the uint8 images before normalising, or use a model "
-                "built with image_dtype='float32' for normalised images."
+        if self.image_dtype == "uint8":
+            if dtype != "uint8":
+                raise ValueError(
+                    f"{self.name} takes uint8 pixels in [0, 255] (image_dtype='uint8') and normalises them "
+                    f"itself, got {dtype} images: pass the uint8 images before normalising, or use a model "
+                    "built with image_dtype='float32' for normalised images."
+                )
+            return
+        if dtype.startswith(("int", "uint", "bool")):
+            raise TypeError(
+                f"{self.name} takes normalised float images, got {dtype} pixels: pass them through "
+                "keras_vit.preprocess_input(images, model) first (raw pixels would be classified without "
+                "a word, and wrongly), or build the model with image_dtype='uint8'."
             )
 
     # --- views and copies ----------------------------------------------------------------------

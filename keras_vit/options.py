@@ -229,7 +229,11 @@ class RunOptions:
     dropout: float = option(0.0, "dropout rate", "model", check.fraction)
     # run
     output_dir: str = option(
-        "vit_run", "{saved_file}, report.json, logs/ and, while unfinished, backup/", "run"
+        "vit_run",
+        "{saved_file}, report.json, logs/ and, while unfinished, backup/",
+        "run",
+        check.output_folder,
+        parse=str,
     )
     overwrite: bool = option(
         False,
@@ -336,7 +340,11 @@ class MaskedPatchOptions(RunOptions):
     """`pretrain`: masked patch prediction on unlabeled images (`keras_vit.masked_patch`)."""
 
     output_dir: str = option(
-        "vit_mpp", "{saved_file}, report.json, logs/ and, while unfinished, backup/", "run"
+        "vit_mpp",
+        "{saved_file}, report.json, logs/ and, while unfinished, backup/",
+        "run",
+        check.output_folder,
+        parse=str,
     )
     target: str = option(
         defaults.MPP_TARGETS[0],

@@ -311,23 +311,9 @@ def _as_probabilities(preds: np.ndarray, model=None) -> np.ndarray:
     return shifted / shifted.sum(axis=-1, keepdims=True)
 
 
-def decode_predictions(preds, top: int = 5, tag_or_model=None) -> list[list[tuple[int, str | None, float]]]:
-    """The `top` classes of each prediction as `(class_index, class_name, probability)`, best first.
-
-    `preds`: `(batch, classes)` probabilities (the factories' softmax head) or logits
-    (`classifier_activation=None`), which get a softmax; with a keras_vit model as
-    `tag_or_model` its head's activation says which, else the values do. The label set
-    comes from the checkpoint (`tag_or_model` as in `preprocess_input`), or from the width of
-    `preds` when that is `None`: 1000 = ImageNet-1k, 21843 = ImageNet-21k, whose names are not
-    shipped (names are `None`, a warning says so).
-    """
-    preds = np.asarray(preds, dtype="float64")
-    if preds.ndim != 2:
-        raise ValueError(f"decode_predictions expects (batch, classes) predictions, got shape {preds.shape}.")
-    if not isinstance(top, (int, np.integer)) or top < 1:
-        raise ValueError(f"top must be a positive int, got {top!r}.")
-    width = preds.shape[1]
-    entry = model_entry(tag_or_model)
+def _shipped_names(entry, width: int) -> Sequence[str | None]:
+    """The shipped class names for predictions `width` classes wide: the label set of the catalog
+    row `entry`, or without one, the label set of that width."""
     if entry is not None:
         if entry.label_set is None:
             raise ValueError(f"Checkpoint {entry.tag!r} has no classification head, so no labels to decode.")
@@ -338,20 +324,52 @@ def decode_predictions(preds, top: int = 5, tag_or_model=None) -> list[list[tupl
             raise ValueError(
                 f"Predictions have {width} classes, which is no shipped label set "
                 f"({', '.join(f'{name}: {size}' for name, size in LABEL_SETS.items())}): "
-                "decode your own classes with np.argsort."
+                "pass the model's class names (class_names=)."
             )
     if width != LABEL_SETS[label_set]:
         raise ValueError(
             f"Predictions have {width} classes but the checkpoint's label set {label_set} has "
-            f"{LABEL_SETS[label_set]}: a model with a new head needs its own class names."
+            f"{LABEL_SETS[label_set]}: a model with a new head needs its own class names (class_names=)."
         )
     if label_set == "imagenet1k":
-        names = imagenet1k_labels()
-    else:
-        warnings.warn(
-            f"{label_set} class names are not shipped with keras_vit: class names are None.", stacklevel=2
+        return imagenet1k_labels()
+    warnings.warn(
+        f"{label_set} class names are not shipped with keras_vit: class names are None.", stacklevel=3
+    )
+    return (None,) * width
+
+
+def decode_predictions(
+    preds, top: int = 5, tag_or_model=None, *, class_names: Sequence[str] | None = None
+) -> list[list[tuple[int, str | None, float]]]:
+    """The `top` classes of each prediction as `(class_index, class_name, probability)`, best first.
+
+    `preds`: `(batch, classes)` probabilities (the factories' softmax head) or logits
+    (`classifier_activation=None`), which get a softmax; with a keras_vit model as
+    `tag_or_model` its head's activation says which, else the values do. The label set
+    comes from the checkpoint (`tag_or_model` as in `preprocess_input`), or from the width of
+    `preds` when that is `None`: 1000 = ImageNet-1k, 21843 = ImageNet-21k, whose names are not
+    shipped (names are `None`, a warning says so). `class_names` (one per class, in head
+    order, e.g. `read_labels` of the `labels.txt` that `keras-vit train` writes) name the
+    classes of any model instead.
+    """
+    preds = np.asarray(preds, dtype="float64")
+    if preds.ndim != 2:
+        raise ValueError(f"decode_predictions expects (batch, classes) predictions, got shape {preds.shape}.")
+    if not isinstance(top, (int, np.integer)) or top < 1:
+        raise ValueError(f"top must be a positive int, got {top!r}.")
+    if not np.isfinite(preds).all():
+        raise ValueError(
+            "decode_predictions got NaN or infinite predictions: the model's output is broken (NaN "
+            "pixels, or a diverged model); there are no classes to name."
         )
-        names = (None,) * width
+    width = preds.shape[1]
+    if class_names is not None:
+        names = [str(name) for name in class_names]
+        if len(names) != width:
+            raise ValueError(f"class_names has {len(names)} names but the predictions have {width} classes.")
+    else:
+        names = _shipped_names(model_entry(tag_or_model), width)
     probabilities = _as_probabilities(preds, tag_or_model if hasattr(tag_or_model, "layers") else None)
     best = np.argsort(-probabilities, axis=-1, kind="stable")[:, :top]
     return [

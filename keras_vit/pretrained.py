@@ -462,10 +462,43 @@ def hub_repo_files(
     return path, metadata
 
 
+_METADATA_KEYS = {"format": str, "weights": str, "model": dict}
+_MODEL_KEYS = ("config", "channels", "num_classes", "include_top", "representation_size")
+
+
 def _read_metadata(path: str | os.PathLike) -> dict:
-    """The contents of a `keras_vit.json`."""
-    with open(path, encoding="utf-8") as file:
-        return json.load(file)
+    """The contents of a `keras_vit.json`, checked: a damaged or hand-broken file is a
+    `CheckpointError` naming it and the fault, never a raw `JSONDecodeError` or `KeyError`."""
+    rewrite = "write the folder again with keras_vit.save_pretrained (keras-vit convert --to)"
+    try:
+        with open(path, encoding="utf-8") as file:
+            metadata = json.load(file)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON ({error}): it is damaged; {rewrite}.") from None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(
+            f"{path} holds a {type(metadata).__name__}, not an object of fields; {rewrite}."
+        )
+    for key, kind in _METADATA_KEYS.items():
+        if not isinstance(metadata.get(key), kind):
+            found = "is missing" if key not in metadata else f"is a {type(metadata[key]).__name__}"
+            raise CheckpointError(f"{path}: field {key!r} {found}, not a {kind.__name__}; {rewrite}.")
+    weights = metadata["weights"]
+    if os.path.basename(weights) != weights or weights in ("", ".", ".."):
+        raise CheckpointError(
+            f"{path}: field 'weights' must name a file in the same folder, got {weights!r}; {rewrite}."
+        )
+    arguments = metadata["model"]
+    missing = [key for key in _MODEL_KEYS if key not in arguments]
+    if missing:
+        raise CheckpointError(f"{path}: field 'model' lacks {', '.join(map(repr, missing))}; {rewrite}.")
+    try:
+        ViTConfig.from_dict(arguments["config"])
+    except (TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(
+            f"{path}: field 'model.config' is no ViT config ({error}); {rewrite}."
+        ) from None
+    return metadata
 
 
 def read_shared(

@@ -137,6 +137,42 @@ def existing_file(name: str, path: str | os.PathLike) -> str:
     return path
 
 
+def _writable_place(name: str, path: str, folder: str) -> None:
+    """The nearest existing folder at or above `folder` (where `path` goes) is a writable folder."""
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise NotADirectoryError(f"{name} {path!r} cannot be made: {existing!r} is a file, not a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{name} {path!r} cannot be written: {existing!r} is not writable.")
+
+
+def output_folder(name: str, path: str | os.PathLike) -> str:
+    """A folder path that can be written: an existing folder, or a new one inside a writable one.
+
+    Checked before a run or a writer starts, so that a file in the way or a read-only place is
+    an error naming the path the user gave (not a staging file's name, or TensorBoard's
+    failure later).
+    """
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"{name} must be a folder path, got {path!r}.")
+    path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"{name} {path!r} is a file, not a folder: give a folder path.")
+    _writable_place(name, path, os.path.abspath(path))
+    return path
+
+
+def output_file(name: str, path: str | os.PathLike) -> str:
+    """A file path that can be written: not a folder, in a folder `output_folder` would accept."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{name} {path!r} is a folder: give a file path.")
+    _writable_place(name, path, os.path.dirname(os.path.abspath(path)))
+    return path
+
+
 def image_size(name: str, value) -> tuple[int, int]:
     """An int or a `(height, width)` pair of ints, each >= 1, as a pair: the one image-size check."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):

@@ -776,6 +776,7 @@ def test_edge_file_tensorflow_cannot_decode_is_named_after_the_fit_fails(tmp_pat
     bad = root / "train" / "a" / "3.png"
     bad.write_bytes(bad.read_bytes()[:-30])  # the end cut off: caught by decoding only
     monkeypatch.setattr(data, "_image_problem", lambda path, max_pixels: None)  # as if the check passed
+    monkeypatch.setattr(data, "_decode_problems", lambda paths: {})
     with pytest.raises(data.BadImageError, match=rf"TensorFlow cannot decode 1 image file\(s\): {bad}"):
         training.train(
             EDGE_TINY, root, output_dir=tmp_path / "run", steps=2, batch_size=4, verbose=0, jit_compile=False

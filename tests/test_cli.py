@@ -81,7 +81,9 @@ def test_errors_are_one_line_messages(tmp_path, monkeypatch, capsys):
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))  # empty cache
-    assert cli.main(["predict", "x.png", "--model", "vit_ti16"]) == 1  # offline, empty cache
+    image = tmp_path / "x.png"
+    image.write_bytes(b"")  # checked to exist before the model is built
+    assert cli.main(["predict", str(image), "--model", "vit_ti16"]) == 1  # offline, empty cache
     err = capsys.readouterr().err
     assert err.startswith("keras-vit: error:") and "timm/vit_tiny_patch16_224" in err
 

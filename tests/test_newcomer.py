@@ -195,10 +195,8 @@ def test_cli_prints_only_its_own_messages(tmp_path):
     assert "vit_digits" in listing.stdout
     failed = _run_cli("predict", "missing.png", "--model", "vit_digits", "--weights", "false", cwd=tmp_path)
     assert failed.returncode == 1
-    assert failed.stderr.splitlines() == [
-        "keras-vit: warning: vit_digits has random weights (--weights false): its classes are meaningless; "
-        "pass --weights true, a tag or a checkpoint file for real predictions.",
-        "keras-vit: error: [Errno 2] No such file or directory: 'missing.png'",
+    assert failed.stderr.splitlines() == [  # the images are checked before the model is built
+        "keras-vit: error: image 'missing.png' does not exist.",
     ]
 
 

@@ -13,7 +13,9 @@ import sys
 from keras_vit import defaults
 from keras_vit.cli.startup import op_error_message
 from keras_vit.environment import require_tensorflow_backend
-from keras_vit.validation import existing_file
+from keras_vit.validation import existing_file, output_file, output_folder
+
+MODEL = "vit_b16"  # --model's default (predict, inspect, export, convert, push)
 
 __all__ = [
     "run_checkpoint",
@@ -68,28 +70,172 @@ def run_checkpoint(args) -> int:
     return 0
 
 
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def refuse_flags(args, dests: tuple[str, ...], why: str) -> None:
+    """A flag given that this mode cannot honour is an error that says so, before anything runs.
+
+    A flag counts as given when its value is not `None` (the unset default of every flag checked
+    here, switches included: `--weights false` is given).
+    """
+    given = [_flag(dest) for dest in dests if getattr(args, dest, None) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} cannot be used {why}.")
+
+
+def _holds_weights(model: str) -> bool:
+    """Whether `model` names what holds its own weights: a .keras file or a save_pretrained folder."""
+    from keras_vit.pretrained import METADATA_FILE
+
+    return model.endswith(".keras") or os.path.isfile(os.path.join(model, METADATA_FILE))
+
+
+def _is_checkpoint(model: str) -> bool:
+    """Whether `--model` names a checkpoint file (a Google .npz, timm or transformers file)."""
+    return os.path.isfile(model) and not model.endswith(".keras")
+
+
+def _check_model_flags(args) -> None:
+    """`--model` a variant with `--weights`; or without: a .keras file, a save_pretrained folder
+    or a checkpoint file (its variant found from its shapes)."""
+    from keras_vit.variants import VARIANTS
+
+    if _holds_weights(args.model) or _is_checkpoint(args.model):
+        kind = "a .keras file" if args.model.endswith(".keras") else "a save_pretrained folder"
+        kind = "a checkpoint file" if _is_checkpoint(args.model) else kind
+        refuse_flags(args, ("weights",), f"with --model {args.model}: {kind} already holds its weights")
+        if args.model.endswith(".keras"):
+            existing_file("--model", args.model)
+    elif args.model not in VARIANTS and os.path.isdir(args.model):
+        inside = os.path.join(args.model, "model.keras")
+        hint = f": pass {inside}" if os.path.isfile(inside) else ""
+        raise ValueError(
+            f"--model {args.model} is a folder that keras_vit.save_pretrained did not write (no "
+            f"keras_vit.json){hint}."
+        )
+
+
+def _model(args, default_weights: bool | str = True):
+    """The model `--model` names (checked by `_check_model_flags`): a variant built with
+    `--weights` (default `default_weights`), a .keras file (keras-vit train's model.keras), a
+    save_pretrained folder or a checkpoint file."""
+    import keras_vit
+
+    if args.model.endswith(".keras"):
+        return keras_vit.load_model(args.model)
+    if _holds_weights(args.model):
+        return keras_vit.load_pretrained(args.model)
+    if _is_checkpoint(args.model):
+        from keras_vit.converters import inspect_checkpoint
+
+        variant = inspect_checkpoint(args.model).variant
+        if variant is None:
+            raise ValueError(
+                f"--model {args.model}: no keras_vit variant has this checkpoint's architecture; pass a "
+                "variant as --model and the file as --weights."
+            )
+        return keras_vit.create_model(variant, args.model)
+    return keras_vit.create_model(args.model, default_weights if args.weights is None else args.weights)
+
+
+def _class_names_file(args) -> str | None:
+    """`--labels`, else the labels.txt keras-vit train wrote next to a .keras `--model`."""
+    return args.labels or _beside(args.model, defaults.LABELS_FILE)
+
+
+def _read_class_names(path: str, model) -> list[str]:
+    """The class names in `path`, one per class of `model`'s head (an error naming the file if not)."""
+    from keras_vit.preprocessing import read_labels
+
+    names = read_labels(existing_file("the labels file", path))
+    classes = int(model.output_shape[-1])
+    if len(names) != classes:
+        raise ValueError(
+            f"{path} holds {len(names)} class names but {model.name}'s head has {classes} classes: "
+            "give one name per class, in head order."
+        )
+    return names
+
+
+def _shared_class_names(args) -> list[str] | None:
+    """The class names a save_pretrained folder `--model` records, if any."""
+    if args.model.endswith(".keras") or not _holds_weights(args.model):
+        return None
+    from keras_vit.sharing import read_metadata
+
+    return read_metadata(args.model).get("labels")
+
+
 def run_predict(args) -> int:
     if args.saved_model:
+        refuse_flags(
+            args,
+            ("model", "weights", "labels", "max_pixels"),
+            "with --saved-model: the SavedModel holds its model, weights, class names and pixel limit "
+            "(export it again to change them)",
+        )
         return _predict_saved_model(args)
+    args.model = args.model or MODEL
+    _check_model_flags(args)
     import keras_vit
+    from keras_vit import catalog
     from keras_vit.preprocessing import Preprocessing
 
-    model = keras_vit.create_model(args.model, args.weights)
+    for path in args.images:
+        existing_file("image", path)
+    if args.labels:
+        existing_file("the labels file", args.labels)
+    model = _model(args)
     if args.weights is False:
         print(
             f"keras-vit: warning: {model.name} has random weights (--weights false): its classes are "
             "meaningless; pass --weights true, a tag or a checkpoint file for real predictions.",
             file=sys.stderr,
         )
+    labels_file = _class_names_file(args)
+    names = _read_class_names(labels_file, model) if labels_file else _shared_class_names(args)
+    classes = int(model.output_shape[-1])
+    if names is None and catalog.model_entry(model) is None:  # a new head: no shipped names
+        print(
+            f"keras-vit: warning: {model.name}'s {classes} classes have no names: pass --labels FILE "
+            "(one name per line, in head order) to name them.",
+            file=sys.stderr,
+        )
+        names = [""] * classes
+    if args.top is not None and args.top > classes:
+        raise ValueError(f"--top {args.top} is more than the {classes} classes of {model.name}.")
+    top = min(5, classes) if args.top is None else args.top
     spec = Preprocessing.for_model(model)  # the checkpoint's, else the package default
+    max_pixels = defaults.MAX_PIXELS if args.max_pixels is None else args.max_pixels
     for path in args.images:
-        image = keras_vit.load_image(path, spec, max_pixels=args.max_pixels)
+        image = keras_vit.load_image(path, spec, max_pixels=max_pixels)
         probabilities = model.predict(keras_vit.preprocess_input(image[None], spec), verbose=0)
         print(path)
-        top = min(5 if args.top is None else args.top, probabilities.shape[-1])
-        for index, name, probability in keras_vit.decode_predictions(probabilities, top, model)[0]:
+        decoded = keras_vit.decode_predictions(probabilities, top, model, class_names=names)[0]
+        for index, name, probability in decoded:
             print(f"  {probability:7.2%}  {index:>5}  {name}")
     return 0
+
+
+def _check_source_flags(args) -> None:
+    """`convert` / `push`: the flags SOURCE's kind cannot honour are refused, before anything runs."""
+    from keras_vit.variants import VARIANTS
+
+    source = args.source
+    if source is None:
+        return
+    if source.endswith(".keras") or source.startswith("hf-hub:") or _holds_weights(source):
+        refuse_flags(
+            args,
+            ("model", "weights", "image_size", "num_classes"),
+            f"with SOURCE {source}: it holds its model and weights as they are",
+        )
+    elif source in VARIANTS:
+        refuse_flags(args, ("model",), f"with SOURCE {source}: SOURCE names the variant")
+    else:  # a checkpoint file loaded into --model
+        refuse_flags(args, ("weights",), f"with SOURCE {source}: SOURCE is the checkpoint")
 
 
 def _convert_source(args):
@@ -97,10 +243,13 @@ def _convert_source(args):
     `hf-hub:` repo, or a checkpoint into --model), else --model with --weights."""
     import keras_vit
 
+    _check_source_flags(args)
     source = args.source
+    args.model = args.model or MODEL
+    weights = True if args.weights is None else args.weights
     sizes = dict(image_size=args.image_size, num_classes=args.num_classes)
     if source is None or source in keras_vit.VARIANTS:
-        return keras_vit.create_model(source or args.model, args.weights, **sizes)
+        return keras_vit.create_model(source or args.model, weights, **sizes)
     if source.endswith(".keras"):
         return keras_vit.load_model(source)
     from keras_vit.sharing import METADATA_FILE
@@ -113,9 +262,10 @@ def _convert_source(args):
 def run_convert(args) -> int:
     from keras_vit.files import refuse_overlap, replace_file
 
+    if not args.to:
+        refuse_flags(args, ("labels",), "without --to: a .keras file holds no class names")
+    (output_folder if args.to else output_file)("OUTPUT", args.output)
     refuse_overlap(args.output, [args.source, args.labels])  # before anything is read or written
-    if not args.to and os.path.isdir(args.output):
-        raise IsADirectoryError(f"{args.output} is a folder: give the .keras file to write, or --to FORMAT.")
     if not args.to and os.path.exists(args.output) and not args.overwrite:
         raise FileExistsError(f"{args.output} already exists: pass --overwrite to replace it.")
     model = _convert_source(args)
@@ -164,11 +314,13 @@ def run_push(args) -> int:
 
 
 def run_inspect(args) -> int:
-    import keras_vit
     from keras_vit.plots import write_inspection
 
+    args.model = args.model or MODEL
+    _check_model_flags(args)
     existing_file("image", args.image)  # before the model is built and the output folder made
-    model = keras_vit.create_model(args.model, args.weights)
+    output_folder("--out", args.out)
+    model = _model(args)
     label = model.name if args.weights is not False else f"{model.name}, random weights"
     written = write_inspection(
         model,
@@ -212,36 +364,56 @@ def _predict_saved_model(args) -> int:
     return 0
 
 
+def _check_export_flags(args) -> None:
+    """Every `export` flag is honoured by the chosen format, or refused here, before anything runs."""
+    if args.format == "saved_model":
+        refuse_flags(
+            args,
+            ("preprocessing", "int8"),
+            "with --format saved_model: a SavedModel always takes raw images and normalises them in "
+            "the graph, and --int8 is a litert option",
+        )
+    else:
+        refuse_flags(
+            args,
+            ("version", "top_k", "labels", "max_pixels", "no_warmup"),
+            f"with --format {args.format}: they shape a SavedModel's serving signatures, and the "
+            f"{args.format} file maps pixels to the model's output only",
+        )
+        if args.format == "onnx":
+            refuse_flags(
+                args,
+                ("int8",),
+                "with --format onnx: --int8 applies to --format litert (dynamic-range int8 weights)",
+            )
+    args.model = args.model or MODEL
+    _check_model_flags(args)
+    (output_folder if args.format == "saved_model" else output_file)("EXPORT_DIR", args.export_dir)
+
+
 def run_export(args) -> int:
     import keras_vit
     from keras_vit.files import refuse_overlap
 
+    _check_export_flags(args)
     written = args.export_dir
-    if args.format == "saved_model":
-        written = os.path.join(args.export_dir, str(args.version))  # what is written: one version folder
+    if args.format == "saved_model":  # what is written: one version folder
+        written = os.path.join(args.export_dir, str(1 if args.version is None else args.version))
     refuse_overlap(written, [args.model, args.labels])  # before anything is read or written
-    labels_file = args.labels
-    if args.model.endswith(".keras"):
-        if args.weights is not None:
-            raise ValueError("--weights applies to a variant; a .keras file already holds its weights.")
-        model = keras_vit.load_model(args.model)  # registers keras_vit's classes first
-        beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), defaults.LABELS_FILE)
-        if labels_file is None and os.path.isfile(beside):  # written by keras-vit train next to model.keras
-            labels_file = beside
-    else:
-        model = keras_vit.create_model(args.model, True if args.weights is None else args.weights)
-    labels = None
-    if labels_file:
-        from keras_vit.preprocessing import read_labels
-
-        labels = read_labels(labels_file)
+    if args.labels:
+        existing_file("the labels file", args.labels)
+    model = _model(args)
+    labels_file = _class_names_file(args)
+    labels = _read_class_names(labels_file, model) if labels_file else _shared_class_names(args)
     if args.format != "saved_model":
         write = keras_vit.export_onnx if args.format == "onnx" else keras_vit.export_litert
         options = {"int8": True} if args.int8 else {}
-        if args.int8 and args.format != "litert":
-            raise ValueError("--int8 applies to --format litert (dynamic-range int8 weights).")
         path = write(
-            model, args.export_dir, preprocessing=args.preprocessing, overwrite=args.overwrite, **options
+            model,
+            args.export_dir,
+            preprocessing=bool(args.preprocessing),
+            overwrite=args.overwrite,
+            **options,
         )
         size = os.path.getsize(path) / 2**20
         print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}, {size:.1f} MiB)")
@@ -250,12 +422,12 @@ def run_export(args) -> int:
     path = keras_vit.export_serving(
         model,
         args.export_dir,
-        args.version,
+        1 if args.version is None else args.version,
         top_k=top_k,
         labels=labels,
         warmup=not args.no_warmup,
         overwrite=args.overwrite,
-        max_pixels=args.max_pixels,
+        max_pixels=defaults.MAX_PIXELS if args.max_pixels is None else args.max_pixels,
     )
     found = f"; class names from {labels_file}" if labels_file and not args.labels else ""
     print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {top_k}{found})")

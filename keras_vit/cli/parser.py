@@ -44,6 +44,15 @@ _MAX_PIXELS_HELP = (
     f"(default {defaults.MAX_PIXELS:,}, Pillow's limit)"
 )
 _WEIGHTS_HELP = "true (the variant's default checkpoint), a catalog tag, a local file or a hub repo id"
+_MODEL_HELP = (
+    f"a variant from `keras-vit models` (default {commands.MODEL}), a .keras file (keras-vit train's "
+    "model.keras), a save_pretrained folder or a checkpoint file; these hold their weights (no --weights)"
+)
+_LABELS_HELP = (
+    "a text file of class names, one per line in head order (default: the catalog's names, the "
+    f"{defaults.LABELS_FILE} next to a .keras model, which keras-vit train writes, or a save_pretrained "
+    "folder's)"
+)
 # The order of the training commands' help sections.
 _GROUPS = ("model", "task", "data", "optimisation", "run")
 _INTEGER_VALIDATORS = (validation.positive_int, validation.non_negative_int, validation.integer)
@@ -198,19 +207,18 @@ def _add_predict(subparsers) -> None:
     """`predict`: top-k classes of image files."""
     predict = subparsers.add_parser("predict", help="top-k classes (with names) of image files")
     predict.add_argument("images", nargs="+", help="image files (JPEG, PNG, ...)")
-    predict.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
-    predict.add_argument("--weights", type=checkpoint_flag, default=True, help=_WEIGHTS_HELP)
+    predict.add_argument("--model", help=_MODEL_HELP)
+    predict.add_argument("--weights", type=checkpoint_flag, help=_WEIGHTS_HELP + " (default: true)")
+    predict.add_argument("--labels", help=_LABELS_HELP)
     predict.add_argument(
         "--top", type=_POSITIVE_INT, default=None, help="classes to show (default: 5, or all if fewer)"
     )
-    predict.add_argument(
-        "--max-pixels", type=_POSITIVE_INT, default=defaults.MAX_PIXELS, help=_MAX_PIXELS_HELP
-    )
+    predict.add_argument("--max-pixels", type=_POSITIVE_INT, help=_MAX_PIXELS_HELP)
     predict.add_argument(
         "--saved-model",
         metavar="DIR",
         help="predict through a `keras-vit export` SavedModel (its directory or a version); "
-        "--model and --weights are then not used",
+        "--model, --weights, --labels and --max-pixels are then refused (the SavedModel holds them)",
     )
     predict.set_defaults(run=commands.run_predict)
 
@@ -247,8 +255,14 @@ def _add_convert(subparsers) -> None:
         "--to wrote into the folder); the folder's other files are kept",
     )
     convert.add_argument("--no-verify", dest="verify", action="store_false", help=_NO_VERIFY_HELP)
-    convert.add_argument("--model", default="vit_b16")
-    convert.add_argument("--weights", type=checkpoint_flag, default=True, help=_WEIGHTS_HELP)
+    convert.add_argument(
+        "--model",
+        help="the variant a checkpoint SOURCE loads into, or without SOURCE "
+        f"the variant to write (default {commands.MODEL})",
+    )
+    convert.add_argument(
+        "--weights", type=checkpoint_flag, help="without SOURCE: " + _WEIGHTS_HELP + " (default: true)"
+    )
     convert.add_argument(
         "--image-size", type=_POSITIVE_INT, default=None, help="resize the position embedding"
     )
@@ -270,9 +284,11 @@ def _add_push(subparsers) -> None:
     )
     push.add_argument("repo_id", help="the Hub repo, user/name (created if missing)")
     push.add_argument("--format", choices=("timm", "hf", "google_npz"), default="timm")
-    push.add_argument("--model", default="vit_b16", help="the variant a checkpoint SOURCE loads into")
     push.add_argument(
-        "--weights", type=checkpoint_flag, default=True, help="for a variant SOURCE: " + _WEIGHTS_HELP
+        "--model", help=f"the variant a checkpoint SOURCE loads into (default {commands.MODEL})"
+    )
+    push.add_argument(
+        "--weights", type=checkpoint_flag, help="for a variant SOURCE: " + _WEIGHTS_HELP + " (default: true)"
     )
     push.add_argument("--labels", help="a text file of class names, one per line in head order")
     push.add_argument("--report", help="a training run's report.json for the model card")
@@ -287,9 +303,9 @@ def _add_inspect(subparsers) -> None:
         "inspect", help="attention rollout, attention distance, position embeddings, filters as PNGs"
     )
     inspection.add_argument("image", help="an image file (JPEG, PNG, ...)")
-    inspection.add_argument("--model", default="vit_b16", help="a variant from `keras-vit models`")
+    inspection.add_argument("--model", help=_MODEL_HELP)
     inspection.add_argument(
-        "--weights", type=checkpoint_flag, default=True, help=_WEIGHTS_HELP + ", or random"
+        "--weights", type=checkpoint_flag, help=_WEIGHTS_HELP + ", or random (default: true)"
     )
     inspection.add_argument("--out", default="inspection", help="folder for the PNGs (default: ./inspection)")
     inspection.add_argument(
@@ -320,38 +336,37 @@ def _add_export(subparsers) -> None:
     export.add_argument(
         "--preprocessing",
         action="store_true",
+        default=None,
         help="onnx/litert: take uint8 pixels at the model's input size and normalise them in the graph",
     )
     export.add_argument(
-        "--int8", action="store_true", help="litert: int8 weights (dynamic-range quantization)"
+        "--int8", action="store_true", default=None, help="litert: int8 weights (dynamic-range quantization)"
     )
-    export.add_argument(
-        "--model", default="vit_b16", help="a variant from `keras-vit models`, or a .keras file"
-    )
+    export.add_argument("--model", help=_MODEL_HELP)
     export.add_argument(
         "--weights", type=checkpoint_flag, default=None, help=_WEIGHTS_HELP + " (default: true)"
     )
     export.add_argument(
-        "--version", type=_NON_NEGATIVE_INT, default=1, help="the version directory (default: 1)"
+        "--version", type=_NON_NEGATIVE_INT, help="saved_model: the version directory (default: 1)"
     )
     export.add_argument(
         "--top-k",
         type=_POSITIVE_INT,
         default=None,
-        help="classes in the top_k_* outputs (default: 5, or all if fewer)",
+        help="saved_model: classes in the top_k_* outputs (default: 5, or all if fewer)",
     )
     export.add_argument(
         "--labels",
-        help="a text file of class names, one per line in head order (any model; default: the catalog's "
-        f"names, or the {defaults.LABELS_FILE} next to a .keras model, which keras-vit train writes)",
+        help="saved_model: " + _LABELS_HELP,
     )
     export.add_argument(
         "--max-pixels",
         type=_POSITIVE_INT,
-        default=defaults.MAX_PIXELS,
-        help=_MAX_PIXELS_HELP.replace("an image", "an image sent to serving_bytes"),
+        help="saved_model: " + _MAX_PIXELS_HELP.replace("an image", "an image sent to serving_bytes"),
     )
-    export.add_argument("--no-warmup", action="store_true", help="no TF Serving warm-up requests")
+    export.add_argument(
+        "--no-warmup", action="store_true", default=None, help="saved_model: no TF Serving warm-up requests"
+    )
     export.add_argument(
         "--overwrite",
         action="store_true",
