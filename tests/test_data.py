@@ -205,7 +205,7 @@ def test_from_tfds_with_mock_data(tmp_path):
 def test_normalisation_for_reads_the_catalog():
     assert data.normalisation_for(None) == ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     tag = keras_vit.list_pretrained("vit_b16")[0]
-    entry = keras_vit.pretrained.get_entry(tag)
+    entry = keras_vit.catalog.get_entry(tag)
     assert data.normalisation_for(tag) == (tuple(entry.mean), tuple(entry.std))
 
 
