@@ -18,8 +18,7 @@ import warnings
 from keras_vit.variants import VARIANTS as VARIANTS
 from keras_vit.variants import ViTConfig as ViTConfig
 from keras_vit.variants import list_models as list_models
-
-__version__ = "0.1.0"
+from keras_vit.version import __version__ as __version__
 
 # public name -> the module that defines it
 _EXPORTS = {

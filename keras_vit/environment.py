@@ -191,7 +191,7 @@ def machine() -> dict:
 
 def versions() -> dict:
     """Python and the versions of keras_vit and of the frameworks loaded in this process."""
-    from keras_vit import __version__
+    from keras_vit.version import __version__
 
     found = {"python": platform.python_version(), "keras_vit": __version__}
     for module in ("keras", "tensorflow", "numpy", "tensorflow_datasets"):

@@ -456,25 +456,18 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "plain", "fused", "fused_padded")
 # Tokens are padded to a multiple of this for "fused_padded" (197 -> 256, 577 -> 640, 50 -> 128):
-# flash-attention kernels work in 64- or 128-token tiles, and 197 padded to 256 is the shape
-# measured to train 25% faster (issue 26).
+# flash-attention kernels work in 64- or 128-token tiles.
 ATTENTION_PADDING_MULTIPLE = 128
 # What "auto" runs: (backend, device, precision, mode) -> implementation; "*" matches anything,
-# the first matching row wins. "half" is bfloat16 or float16 compute. Measured: ViT-B/16 on an
-# NVIDIA H200 (issue 26; images/s), attention alone on a 2-core CPU (ms, ViT-B/16, batch 16).
+# the first matching row wins; "half" is bfloat16 or float16 compute. Each row's measurement, with
+# its command, is in docs/performance.md ("Attention on a GPU").
 ATTENTION_POLICY = (
-    # TensorFlow has no fused kernel: Keras's op is the same products plus a scaling pass (87 vs 65 ms).
-    ("tensorflow", "*", "*", "*", "plain"),
-    # scaled_dot_product_attention (CPU: 83 vs 221 ms plain); on a GPU flash/memory-efficient kernels.
-    ("torch", "*", "*", "*", "fused"),
-    # XLA's CPU attention is slower than the products it fuses (187 vs 94 ms plain).
-    ("jax", "cpu", "*", "*", "plain"),
-    # cuDNN takes 197 tokens at inference: 9,951 vs 9,596 padded vs 8,073 plain (bf16, batch 256).
-    ("jax", "gpu", "half", "inference", "fused"),
-    # cuDNN refuses 197 tokens when training; padded to 256: 2,231 vs 1,779 (XLA) vs 1,988 plain.
-    ("jax", "gpu", "half", "training", "fused_padded"),
-    # cuDNN's flash attention has no float32; XLA's attention ran at timm's speed (4,194 vs 4,340).
-    ("jax", "gpu", "float32", "*", "fused"),
+    ("tensorflow", "*", "*", "*", "plain"),  # no fused kernel: Keras's op is the same products, plus a pass
+    ("torch", "*", "*", "*", "fused"),  # scaled_dot_product_attention
+    ("jax", "cpu", "*", "*", "plain"),  # XLA's CPU attention is slower than the products it fuses
+    ("jax", "gpu", "half", "inference", "fused"),  # cuDNN takes 197 tokens at inference
+    ("jax", "gpu", "half", "training", "fused_padded"),  # cuDNN refuses 197 tokens when training
+    ("jax", "gpu", "float32", "*", "fused"),  # cuDNN's flash attention has no float32: XLA's kernel
     ("*", "*", "*", "*", "plain"),
 )
 

@@ -36,13 +36,13 @@ from types import ModuleType
 
 import keras
 
-from keras_vit import __version__
 from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
 from keras_vit.converters import write_google_npz, write_hf, write_timm
 from keras_vit.converters.write_common import NotExpressibleError, check_writable
 from keras_vit.files import ChecksumError, file_sha256, json_sha256, write_owned
 from keras_vit.pretrained import HUB_PREFIX, METADATA_FILE, read_shared, resolve_pretrained
 from keras_vit.variants import ViTConfig
+from keras_vit.version import __version__
 
 __all__ = [
     "FORMATS",
