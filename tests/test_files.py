@@ -235,7 +235,7 @@ def test_training_never_replaces_a_finished_run_unless_asked(tmp_path, capsys):
 
 def test_training_output_folder_that_is_a_file(tmp_path):
     (tmp_path / "run").write_text("user")
-    with pytest.raises(NotADirectoryError, match=r"The output folder .*run is a file: give a folder"):
+    with pytest.raises(NotADirectoryError, match=r"output_dir .*run. is a file, not a folder: give a folder"):
         training.train(RUN_TINY, output_dir=tmp_path / "run", steps=2, batch_size=32, verbose=0)
     assert (tmp_path / "run").read_text() == "user"
 

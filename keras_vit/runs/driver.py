@@ -178,8 +178,6 @@ def open_run_folder(
             f"replacing the finished run in {output_dir} (overwrite): removed {', '.join(finished)} "
             "and its logs."
         )
-    elif chief:
-        _say(f"starting a new run in {output_dir}.")
     return backup
 
 
@@ -275,9 +273,12 @@ def _fit(
     fit_callbacks = [backup, *callbacks]
     if chief:
         fit_callbacks.extend(tensorboard_callbacks(os.path.join(output_dir, "logs")))
+    train_data = task.train_data(network, start_epoch, steps_per_epoch)
+    if chief and start_epoch == 0:  # said once the data and model are ready: a refusal before is one line
+        _say(f"starting a new run in {output_dir}.")
     started = time.perf_counter()
     network.fit(
-        task.train_data(network, start_epoch, steps_per_epoch),
+        train_data,
         epochs=fit_epochs,
         steps_per_epoch=steps_per_epoch,
         initial_epoch=start_epoch,
