@@ -352,8 +352,18 @@ GPU_COMPETITORS: dict[str, Competitor] = {
             "keras_hub_jax", "keras_hub", "keras_hub_jax", jit=True, label="keras_hub JAX", backend="jax"
         ),
         COMPETITORS["keras_vit_torch"],
+        # Keras's jit_compile=True on torch: `torch.compile` of the training step (issue 26, item 5).
+        Competitor(
+            "keras_vit_torch_compiled",
+            "keras_vit",
+            "keras_vit_torch",
+            jit=True,
+            label="keras_vit PyTorch, jit_compile=True",
+            backend="torch",
+        ),
     )
 }
+TORCH_COMPILED_CASES = ("train_b16_bf16_bs64", "train_s16_bf16_bs128")
 
 
 def gpu_plan(cases: list[str] | None = None, competitors: list[str] | None = None) -> list[tuple[str, str]]:
@@ -362,9 +372,12 @@ def gpu_plan(cases: list[str] | None = None, competitors: list[str] | None = Non
     plan = []
     for competitor in competitors or list(GPU_COMPETITORS):
         for name, case in GPU_CASES.items():
-            runs = (
-                name in ATTENTION_CASES if competitor in ATTENTION_PEERS else competitor in case.competitors
-            )
+            if competitor in ATTENTION_PEERS:
+                runs = name in ATTENTION_CASES
+            elif competitor == "keras_vit_torch_compiled":
+                runs = name in TORCH_COMPILED_CASES
+            else:
+                runs = competitor in case.competitors
             if runs and (cases is None or name in cases):
                 plan.append((competitor, name))
     return plan

@@ -55,6 +55,7 @@ SHARES = {
     "timm_compiled": 7,
     "keras_hub_jax": 4,
     "keras_vit_torch": 3,
+    "keras_vit_torch_compiled": 3,
 }
 LOG_TAIL_LINES = 40
 

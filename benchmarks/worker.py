@@ -126,7 +126,8 @@ class KerasWorker:
     * inference, torch: `model(x, training=False)` under `torch.inference_mode()`, eagerly:
       what `predict_on_batch` runs (it uses `no_grad`; inference mode, as timm's worker, also
       skips version counters). Keras compiles on torch only with `jit_compile=True`
-      (`torch.compile`), not its default and not benchmarked here.
+      (`torch.compile`), not its default: benchmarked for training only (the GPU mode's
+      `keras_vit_torch_compiled`).
     * training: `model.compile(AdamW(1e-3, weight_decay=0.05), sparse cross-entropy from logits,
       jit_compile=jit)`, then `model.train_on_batch(x, y)` (what `fit` runs per step): on JAX
       one `jax.jit`-compiled step (forward, backward, AdamW) with donated state, on torch
@@ -260,8 +261,8 @@ class KerasWorker:
             raise ValueError(f"The {self.backend} Keras worker cannot run {case.kind!r} cases.")
         if self.backend == "jax" and not jit:
             raise ValueError("Keras on JAX is benchmarked compiled (jit), as it runs by default.")
-        if self.backend == "torch" and jit:
-            raise ValueError("torch.compile (jit_compile=True on torch) is not benchmarked.")
+        if self.backend == "torch" and jit and case.kind != "train":
+            raise ValueError("torch.compile (jit_compile=True on torch) is benchmarked for training only.")
         images, labels = random_batch(case.batch, case.image_size)
         if case.kind == "infer":
             return self._infer_runner(case, jit, images, attention)

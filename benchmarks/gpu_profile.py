@@ -1,0 +1,204 @@
+"""Where a keras_vit training step's time goes on a GPU (JAX): a breakdown and the kernels' times.
+
+    python benchmarks/gpu_profile.py --output DIR [--case train_b16_bf16_bs64] [--tiny]
+
+Two views of the same step (the GPU mode's case: keras_vit on JAX, `mixed_bfloat16`, AdamW
+1e-3 / 0.05, random inputs already on the device):
+
+* The breakdown, each part `jax.jit`-compiled on its own and timed as the median of 3 rounds
+  of at least 1 s: the forward pass with the loss (`training=True`); forward and backward
+  (`jax.value_and_grad`); one step of optax's AdamW with donated state (forward, backward,
+  update); and Keras's own `train_on_batch` (what `fit` runs). backward = grad − forward,
+  the optimizer = optax step − grad, Keras's step costs over a plain optax step = the last
+  difference.
+* The kernels: `jax.profiler.trace` of 5 Keras steps, read back with `jax.profiler.ProfileData`;
+  the device's kernel times summed by name and by kind (matmul, attention, the rest).
+
+Writes DIR/gpu_profile.json and prints a summary. Runs on a CPU too (`--tiny`: a rehearsal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+from cases import lookup_case  # noqa: E402
+from worker import LEARNING_RATE, WEIGHT_DECAY, KerasWorker, random_batch  # noqa: E402
+
+KINDS = (
+    ("attention", re.compile(r"fmha|flash|attention|cudnn|sdpa", re.I)),
+    ("matmul", re.compile(r"gemm|cublas|cutlass|nvjet|matmul|dot|xmma|sm90", re.I)),
+)
+TRACED_STEPS = 5
+
+
+def seconds_per_call(call, finish, min_time: float = 1.0, rounds: int = 3) -> float:
+    """The median over `rounds` of the mean seconds per call, each round at least `min_time` s."""
+    finish(call())
+    calls = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(calls):
+            result = call()
+        finish(result)
+        if time.perf_counter() - start >= min_time / 4:
+            break
+        calls *= 2
+    times = []
+    for _ in range(rounds):
+        count, start = 0, time.perf_counter()
+        while True:
+            for _ in range(calls):
+                result = call()
+            count += calls
+            finish(result)
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_time:
+                break
+        times.append(elapsed / count)
+    return statistics.median(times)
+
+
+def kind_of(name: str) -> str:
+    for kind, pattern in KINDS:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+def kernel_times(trace_dir: str, steps: int) -> dict:
+    """The device kernels' summed times per step, by name and by kind, from the trace's xplane."""
+    import jax
+
+    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        return {"error": f"no .xplane.pb under {trace_dir}"}
+    data = jax.profiler.ProfileData.from_file(paths[0])
+    per_line: dict[str, collections.Counter] = {}
+    planes = []
+    for plane in data.planes:
+        planes.append(plane.name)
+        for line in plane.lines:
+            counter = per_line.setdefault(f"{plane.name} | {line.name}", collections.Counter())
+            for event in line.events:
+                counter[event.name] += event.duration_ns
+    # A GPU: its streams' kernels; else XLA's ops; on a CPU rehearsal, XLA's host threads.
+    for chosen in (r"^/device:GPU.*stream", r"^/device:GPU.*XLA Ops", r"^/host:CPU \| tf_XLA"):
+        used = [name for name in per_line if re.search(chosen, name, re.I) and per_line[name]]
+        if used:
+            break
+    by_name: collections.Counter = sum((per_line[name] for name in used), collections.Counter())
+    total = sum(by_name.values())
+    by_kind: collections.Counter = collections.Counter()
+    for name, ns in by_name.items():
+        by_kind[kind_of(name)] += ns
+    per_step = lambda ns: ns / steps / 1e6  # noqa: E731  milliseconds
+    return {
+        "total_ms_per_step": per_step(total),
+        "by_kind_ms_per_step": {kind: per_step(ns) for kind, ns in by_kind.most_common()},
+        "top_kernels": [
+            {"name": name[:160], "ms_per_step": per_step(ns), "share": ns / total if total else 0.0}
+            for name, ns in by_name.most_common(30)
+        ],
+        "lines_used": used,
+        "lines": {name: sum(counter.values()) / steps / 1e6 for name, counter in per_line.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--case", default="train_b16_bf16_bs64")
+    parser.add_argument("--attention", default="auto")
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args(argv)
+    os.makedirs(args.output, exist_ok=True)
+    worker = KerasWorker("keras_vit", os.cpu_count(), 1, "jax")
+    jax, keras = worker.jax, worker.keras
+    import optax
+
+    case = lookup_case(args.case, args.tiny)
+    images, labels = random_batch(case.batch, case.image_size)
+    x, y = jax.device_put(images), jax.device_put(labels)
+    record: dict = {"case": args.case, "tiny": args.tiny, "attention": args.attention, "batch": case.batch}
+    record["devices"] = [str(device) for device in jax.devices()]
+    record["versions"] = worker.versions()
+    ready = lambda result: jax.block_until_ready(result)  # noqa: E731
+
+    model = worker.compiled_for_training(case, jit=True, attention=args.attention)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    trainable = [variable.value for variable in model.trainable_variables]
+    non_trainable = [variable.value for variable in model.non_trainable_variables]
+
+    def loss(trainable, non_trainable, x, y):
+        logits, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
+        return loss_fn(y, logits), non_trainable
+
+    forward = jax.jit(loss)
+    grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    optimizer = optax.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def optax_step(trainable, opt_state, non_trainable, x, y):
+        (value, non_trainable), grads = jax.value_and_grad(loss, has_aux=True)(trainable, non_trainable, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, non_trainable, value
+
+    state = {"params": [jax.numpy.array(v) for v in trainable], "opt": None}
+    state["opt"] = optimizer.init(state["params"])
+
+    def run_optax():
+        params, opt_state, _, value = optax_step(state["params"], state["opt"], non_trainable, x, y)
+        state.update(params=params, opt=opt_state)
+        return value
+
+    timings = {}
+    for part, call in (
+        ("forward", lambda: forward(trainable, non_trainable, x, y)[0]),
+        ("forward_backward", lambda: grad(trainable, non_trainable, x, y)[0][0]),
+        ("optax_adamw_step", run_optax),
+        ("keras_train_on_batch", lambda: model.train_on_batch(x, y)),
+    ):
+        start = time.perf_counter()
+        timings[part] = seconds_per_call(call, ready)
+        print(f"{part}: {timings[part] * 1e3:.2f} ms/step ({time.perf_counter() - start:.0f} s)", flush=True)
+    ms = {part: value * 1e3 for part, value in timings.items()}
+    record["ms_per_step"] = ms
+    record["images_per_s"] = {part: case.batch / value for part, value in timings.items()}
+    record["breakdown_ms"] = {
+        "forward": ms["forward"],
+        "backward": ms["forward_backward"] - ms["forward"],
+        "optimizer_update": ms["optax_adamw_step"] - ms["forward_backward"],
+        "keras_step_over_optax_step": ms["keras_train_on_batch"] - ms["optax_adamw_step"],
+    }
+    trace_dir = tempfile.mkdtemp(prefix="keras_vit_trace_")  # deep folders: not brought back from $OUT
+    with jax.profiler.trace(trace_dir):
+        for _ in range(TRACED_STEPS):
+            result = model.train_on_batch(x, y)
+        ready(result)
+    record["kernels"] = kernel_times(trace_dir, TRACED_STEPS)
+    with open(os.path.join(args.output, "gpu_profile.json"), "w") as file:
+        json.dump(record, file, indent=1)
+    print(json.dumps({key: record[key] for key in ("ms_per_step", "breakdown_ms")}, indent=1))
+    kernels = record["kernels"]
+    summary = {key: kernels.get(key) for key in ("total_ms_per_step", "by_kind_ms_per_step")}
+    print(json.dumps(summary, indent=1))
+    for row in kernels.get("top_kernels", [])[:15]:
+        print(f"{row['ms_per_step']:8.3f} ms {row['share']:6.1%}  {row['name'][:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
