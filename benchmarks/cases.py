@@ -366,9 +366,30 @@ GPU_COMPETITORS: dict[str, Competitor] = {
 TORCH_COMPILED_CASES = ("train_b16_bf16_bs64", "train_s16_bf16_bs128")
 
 
-def gpu_plan(cases: list[str] | None = None, competitors: list[str] | None = None) -> list[tuple[str, str]]:
+# What issue 26's targets need (the first of two device calls of under 10 minutes each; the
+# second, part "rest", runs every other pair).
+TARGET_CASES = (
+    "matmul_bf16_8192",
+    "train_b16_bf16_bs64",
+    "train_s16_bf16_bs128",
+    "infer_b16_bf16_bs256",
+    "predict_b16_bf16_float32",
+    "predict_b16_bf16_uint8",
+)
+TARGET_COMPETITORS = ("keras_vit_jax", "timm", "timm_compiled", "keras_vit_torch")
+GPU_PARTS = ("targets", "rest")
+
+
+def gpu_plan(
+    cases: list[str] | None = None, competitors: list[str] | None = None, part: str | None = None
+) -> list[tuple[str, str]]:
     """`(competitor, case)` pairs of the GPU mode, competitor by competitor (`GPU_COMPETITORS`'
-    order), each competitor's cases in `GPU_CASES`' order."""
+    order), each competitor's cases in `GPU_CASES`' order; `part` keeps the pairs of issue 26's
+    targets ("targets") or the others ("rest")."""
+    if part is not None:
+        targets = gpu_plan(list(TARGET_CASES), list(TARGET_COMPETITORS))
+        pairs = gpu_plan(cases, competitors)
+        return [pair for pair in pairs if (pair in targets) == (part == "targets")]
     plan = []
     for competitor in competitors or list(GPU_COMPETITORS):
         for name, case in GPU_CASES.items():

@@ -2,7 +2,8 @@
 
     bash benchmarks/gpu/run_gpu.sh                  # on the GPU machine: one device call, < 10 min
     bash benchmarks/gpu/run_gpu.sh --rehearse       # on a CPU: test-size models, TensorFlow blocked
-    python benchmarks/gpu.py --output DIR [--budget 480] [--tiny] [--cases ...] [--competitors ...]
+    python benchmarks/gpu.py --output DIR [--budget 480] [--tiny] [--part targets|rest] [--cases ...]
+        [--competitors ...]
     python benchmarks/gpu.py --report DIR/gpu_results.json      # the markdown table again
 
 What runs: `cases.GPU_CASES` for `cases.GPU_COMPETITORS`, in `cases.gpu_plan` order (the cases
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 
-from cases import GPU_CASES, GPU_COMPETITORS, gpu_plan, lookup_case
+from cases import GPU_CASES, GPU_COMPETITORS, GPU_PARTS, gpu_plan, lookup_case
 from run import Worker, WorkerError, cpu_model
 
 # Relative time shares of the competitors (of the time left when each one's turn comes).
@@ -68,6 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cases", nargs="+", choices=sorted(GPU_CASES), metavar="CASE", help="default: all")
     parser.add_argument(
         "--competitors", nargs="+", choices=list(GPU_COMPETITORS), metavar="NAME", help="default: all"
+    )
+    parser.add_argument(
+        "--part",
+        choices=GPU_PARTS,
+        help="issue 26's target pairs, or the rest: two device calls (default: all)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement, at least")
@@ -197,7 +203,7 @@ class GpuRun:
         self.record(entry)
 
     def run(self) -> None:
-        plan = gpu_plan(self.args.cases, self.args.competitors)
+        plan = gpu_plan(self.args.cases, self.args.competitors, self.args.part)
         end = time.monotonic() + self.args.budget
         order = list(dict.fromkeys(name for name, _ in plan))
         try:

@@ -22,8 +22,8 @@ README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 KERAS_VIT_FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch")  # TensorFlow, JAX, PyTorch
 BACKENDS_NOTE = (
     "keras_vit and keras_vit XLA run on Keras's TensorFlow backend (graph, XLA); keras_vit JAX on "
-    "its JAX backend (XLA: `jax.jit` of the forward pass, `train_on_batch`'s compiled step); "
-    "keras_vit PyTorch on its torch backend, eager as Keras runs it by default (`train_on_batch`; "
+    "its JAX backend (XLA: `jax.jit` of the forward pass, `fit`'s compiled step); "
+    "keras_vit PyTorch on its torch backend, eager as Keras runs it by default (`fit`; "
     "inference under `torch.inference_mode()`): the same model code, inputs and thread count "
     "(`benchmarks/worker.py`). The GFLOP/s column is keras_vit's fastest column."
 )

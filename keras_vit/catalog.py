@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import json
 import math
+import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -104,11 +105,20 @@ class CatalogEntry:
         return self.tag.split(".", 1)[1]
 
 
+def _package_data(name: str) -> str:
+    """A file of `keras_vit.weights` (setup.cfg installs the repository's `weights/` there); from a
+    source checkout on `PYTHONPATH`, not installed (e.g. a GPU machine), `weights/` itself."""
+    try:
+        folder = resources.files("keras_vit.weights")
+    except ModuleNotFoundError:
+        folder = pathlib.Path(__file__).resolve().parent.parent / "weights"
+    return folder.joinpath(name).read_text(encoding="utf-8")
+
+
 @functools.lru_cache(maxsize=1)
 def _catalog() -> tuple[dict[str, CatalogEntry], dict[str, str]]:
     """(tag -> entry, variant -> default pre-training tag), read once from the package data."""
-    text = resources.files("keras_vit.weights").joinpath("catalog.json").read_text(encoding="utf-8")
-    data = json.loads(text)
+    data = json.loads(_package_data("catalog.json"))
     entries = {}
     for row in data["checkpoints"]:
         entry = CatalogEntry(**{**row, "mean": tuple(row["mean"]), "std": tuple(row["std"])})
@@ -214,8 +224,7 @@ def catalog_markdown() -> str:
 @functools.lru_cache(maxsize=1)
 def imagenet1k_labels() -> tuple[str, ...]:
     """The 1000 ImageNet-1k class names in index order."""
-    text = resources.files("keras_vit.weights").joinpath("imagenet1k_labels.txt").read_text(encoding="utf-8")
-    return tuple(text.splitlines())
+    return tuple(_package_data("imagenet1k_labels.txt").splitlines())
 
 
 def class_names(

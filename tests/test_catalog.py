@@ -1,6 +1,7 @@
 """The catalog below everything (`keras_vit.catalog`: rows, preprocessing, labels) and the one
 build-with-checkpoint step (`Checkpoint.model_kwargs`, `build_with_checkpoint`)."""
 
+import os
 import subprocess
 import sys
 
@@ -49,6 +50,26 @@ def test_catalog_answers_without_tensorflow_keras_or_the_hub():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]"
+
+
+def test_catalog_reads_the_checkout_when_not_installed():
+    """A source checkout on PYTHONPATH without `pip install` (a GPU machine) has no
+    `keras_vit.weights` package: the catalog and labels come from the checkout's `weights/`."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (
+        "import sys\n"
+        "sys.meta_path = [finder for finder in sys.meta_path if 'editable' not in repr(finder).lower()]\n"
+        f"sys.path.insert(0, {root!r})\n"
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('keras_vit.weights') is None\n"
+        "from keras_vit import catalog\n"
+        f"print(len(catalog.imagenet1k_labels()), catalog.get_entry({TAG!r}).variant)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=subprocess_env()
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["1000", "vit_ti16"]
 
 
 def test_preprocessing_for_is_the_one_answer():

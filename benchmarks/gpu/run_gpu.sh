@@ -2,7 +2,8 @@
 # The GPU benchmark in one go (benchmarks/gpu.py; method in its docstring and benchmarks/README.md).
 #
 #   bash benchmarks/gpu/run_gpu.sh prepare          # here, with network: Keras/keras_hub wheels to .whl/
-#   bash benchmarks/gpu/run_gpu.sh [gpu.py options] # on the GPU machine (device run, carry [".whl"])
+#   bash benchmarks/gpu/run_gpu.sh --part targets   # on the GPU machine (device run, carry [".whl"]),
+#   bash benchmarks/gpu/run_gpu.sh --part rest      # then the rest in a second call (any gpu.py options)
 #   bash benchmarks/gpu/run_gpu.sh --rehearse       # on a CPU: test-size models, TensorFlow blocked
 #
 # On the GPU machine (Python 3.12 with JAX, PyTorch and timm; no TensorFlow, no Keras) the wheels
