@@ -129,14 +129,30 @@ for call in ("predict", "evaluate"):
             errors[f"{call} batch {at}"] = str(error)
 after = model.predict(good, verbose=0)
 errors["evaluate after"] = float(model.evaluate(good, np.array([0, 1]), verbose=0))
-print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, after))}))
+wrong_labels = np.zeros((2, 5, 7))
+for name, call in [("fit batch 0", lambda: model.fit(FailingBatches(0), shuffle=False, verbose=0)),
+                   ("fit labels", lambda: model.fit(good, wrong_labels, verbose=0)),
+                   ("train_on_batch labels", lambda: model.train_on_batch(good, wrong_labels))]:
+    try:
+        call()
+    except (RuntimeError, ValueError) as error:
+        errors[name] = str(error)
+after_failed_fits = model.predict(good, verbose=0)
+try:
+    model.fit(FailingBatches(1), shuffle=False, verbose=0)  # one step trained, then the bad batch
+except RuntimeError as error:
+    errors["fit batch 1"] = str(error)
+errors["fit after"] = model.fit(good, np.array([0, 1]), verbose=0).history["loss"][-1]
+print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, after)),
+                  "unchanged by failed fits": bool(np.array_equal(before, after_failed_fits)),
+                  "trained": not np.array_equal(before, model.predict(good, verbose=0))}))
 """
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
-    """On JAX an empty batch or a failing batch in Keras's predict or evaluate loop used to break the
-    model for good."""
+    """On JAX an empty batch, or a failing batch or wrong labels in Keras's predict, evaluate or fit
+    loop, used to break the model for good."""
     result = subprocess.run(
         [sys.executable, "-c", _BACKEND_SCRIPT],
         env=subprocess_env(KERAS_BACKEND=backend),
@@ -152,9 +168,13 @@ def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
     assert "preprocess_input" in outcome["errors"]["uint8"]
     assert "preprocess_input" in outcome["errors"]["bool"]
     assert "NaN" in outcome["errors"]["nan"]
-    for call in ("predict", "evaluate"):
+    for call in ("predict", "evaluate", "fit"):
         assert outcome["errors"][f"{call} batch 0"] == outcome["errors"][f"{call} batch 1"] == "a bad batch"
     assert np.isfinite(outcome["errors"]["evaluate after"])
+    for call in ("fit", "train_on_batch"):  # a shape error while tracing the first step
+        assert "must have the same shape" in outcome["errors"][f"{call} labels"]
+    assert outcome["unchanged by failed fits"] and outcome["trained"]
+    assert np.isfinite(outcome["errors"]["fit after"])
 
 
 # --- a damaged keras_vit.json: an error naming the file and the fault ---------------------------
