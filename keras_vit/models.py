@@ -701,6 +701,7 @@ def create_model(
     representation_size: int | None = None,
     name: str | None = None,
     pos_embed_interpolation: str | None = None,
+    verify: bool = True,
     **kwargs,
 ) -> ViT:
     """Build the ViT variant `variant` (see `list_models()`), optionally with published weights.
@@ -730,6 +731,9 @@ def create_model(
             `image_size` (`keras_vit.pos_embed.POS_EMBED_INTERPOLATIONS`): `"jax"` (the original
             code's `scipy.ndimage.zoom(order=1)`), `"timm"` (antialiased bicubic) or `"hf"`
             (bicubic); default the checkpoint source's: `"jax"` for Google `.npz`, `"timm"` else.
+        verify: for a `keras_vit.save_pretrained` folder or repo, check the SHA-256 checksums
+            its `keras_vit.json` records before loading (a changed or damaged file is a
+            `keras_vit.files.ChecksumError` naming it); `False` loads files edited on purpose.
         **kwargs: `ViT` arguments (`dropout`, `attention_dropout`, `drop_path_rate`,
             `classifier_activation`, `channels`, `image_dtype` (`"uint8"`: pixels normalised in
             the model, with the checkpoint's mean and std), `attention_implementation`) and
@@ -765,7 +769,9 @@ def create_model(
     from keras_vit.pretrained import resolve_pretrained
 
     _split_arguments(config, kwargs)  # argument errors before any download
-    checkpoint = resolve_pretrained(pretrained, config.name if config.name in VARIANTS else None)
+    checkpoint = resolve_pretrained(
+        pretrained, config.name if config.name in VARIANTS else None, verify=verify
+    )
     return build_with_checkpoint(config, checkpoint, kwargs, pos_embed_interpolation)
 
 
