@@ -271,6 +271,22 @@ def test_image_folder_refuses_or_skips_a_jpeg_damaged_mid_file(tmp_path, how, ca
     assert "Corrupt JPEG" not in capfd.readouterr().err  # said once, in the error, with the file's name
 
 
+@pytest.mark.parametrize("how", ["zeroed", "cut"])
+def test_load_image_refuses_a_jpeg_damaged_mid_file(tmp_path, how, capfd):
+    damaged = tmp_path / "damaged.jpg"
+    damaged.write_bytes(_damaged_mid_file(SAMPLE_JPEG.read_bytes(), how))
+    assert keras_vit.load_image(SAMPLE_JPEG, 32).shape == (32, 32, 3)  # the intact photograph
+    message = rf"Image '{damaged}' could not be decoded: damaged JPEG data \(libjpeg: Corrupt JPEG data"
+    with pytest.raises(OSError, match=message):
+        keras_vit.load_image(damaged, 32)
+    with (
+        open(damaged, "rb") as file,
+        pytest.raises(OSError, match="Image file could not be decoded: damaged JPEG"),
+    ):
+        keras_vit.load_image(file, 32)
+    assert "Corrupt JPEG" not in capfd.readouterr().err  # said once, in the error
+
+
 # --- the command line: every flag honoured or refused before anything runs ----------------------
 
 
@@ -288,6 +304,14 @@ def _cli(capsys, *arguments) -> tuple[int, str, str]:
     code = cli.main([str(argument) for argument in arguments])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def test_cli_predict_names_a_damaged_jpeg(run_folder, tmp_path, capsys):
+    damaged = tmp_path / "damaged.jpg"
+    damaged.write_bytes(_damaged_mid_file(SAMPLE_JPEG.read_bytes(), "zeroed"))
+    code, out, err = _cli(capsys, "predict", damaged, "--model", run_folder / "model.keras")
+    assert code == 1 and out == ""
+    assert f"Image '{damaged}' could not be decoded: damaged JPEG data" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("how", ["keras-file", "shared-folder"])
