@@ -26,14 +26,10 @@ pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import re
-import sys
-import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +39,7 @@ from keras_vit.catalog import model_entry
 from keras_vit.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.environment import install_hint
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
-from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
+from keras_vit.tf_preprocessing import LIBJPEG_WARNINGS, ImagePreprocessing, caught_stderr, decode_image
 from keras_vit.validation import check_pixel_count, one_of, optional, positive_int, positive_number
 from keras_vit.validation import image_size as size_pair
 
@@ -236,45 +232,6 @@ def _image_problem(path: str, max_pixels: int | None) -> str | None:
     return None
 
 
-# libjpeg's warnings: it "recovers" from a damaged JPEG (grey blocks for the lost data) and says
-# so only with one of these lines on standard error, naming no file.
-_LIBJPEG_WARNINGS = re.compile(
-    r"^(Corrupt JPEG data|Premature end of JPEG file|Invalid SOS|Inconsistent progression).*$", re.M
-)
-
-
-@contextlib.contextmanager
-def _caught_stderr() -> Iterator[Callable[[], str]]:
-    """Standard error (file descriptor 2, where libjpeg writes) caught in a temporary file.
-
-    Yields a function that returns what was written since its last call. Anything caught
-    that is not a libjpeg warning is written back to standard error at the end.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    kept = []
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-
-        def since_last_call() -> str:
-            caught.seek(0)
-            text = caught.read().decode(errors="replace")
-            caught.seek(0)
-            caught.truncate()
-            kept.append(_LIBJPEG_WARNINGS.sub("", text).strip())
-            return text
-
-        try:
-            yield since_last_call
-        finally:
-            since_last_call()
-            os.dup2(saved, 2)
-            os.close(saved)
-    other = "\n".join(text for text in kept if text)
-    if other:
-        sys.stderr.write(other + "\n")
-
-
 def _decode_problems(paths: Sequence[str]) -> dict[str, str]:
     """Why each file that the training's decoder (`_decode_file`) cannot fully decode is bad.
 
@@ -283,13 +240,13 @@ def _decode_problems(paths: Sequence[str]) -> dict[str, str]:
     bytes lost mid-file with the header and end marker intact), are bad.
     """
     problems = {}
-    with _caught_stderr() as caught:
+    with caught_stderr() as caught:
         for path in paths:
             try:
                 _decode_file(tf.constant(path))
             except tf.errors.OpError as error:
                 problems[path] = error.message.splitlines()[0]
-            warning = _LIBJPEG_WARNINGS.search(caught())
+            warning = LIBJPEG_WARNINGS.search(caught())
             if warning and path not in problems:
                 problems[path] = f"damaged JPEG data, libjpeg: {warning.group(0).strip()}"
     return problems

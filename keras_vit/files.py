@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -75,10 +76,35 @@ def _writable_folder(directory: Path) -> None:
     """Make `directory`'s parent, naming the place the user gave when that fails."""
     if directory.exists() and not directory.is_dir():
         raise FileExistsError(f"{directory} exists and is not a folder: choose another path.")
+    file_above = next((folder for folder in directory.parents if folder.is_file()), None)
+    if file_above is not None:
+        raise NotADirectoryError(f"Cannot create {directory}: {file_above} is a file, not a folder.")
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OSError(error.errno, f"Cannot create {directory}: {error.strerror}") from None
+
+
+@contextlib.contextmanager
+def _named_as(directory: Path):
+    """An `OSError` raised inside names `directory`, the place the user gave, never a staging name.
+
+    safetensors reports a failed write as a `SafetensorError` naming no file ("I/O error: No
+    space left on device (os error 28)"): it becomes the same `OSError`.
+    """
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise OSError(error.errno, f"Cannot write into {directory}: {reason}") from None
+    except SafetensorError as error:
+        code = re.search(r"\(os error (\d+)\)", str(error))
+        if code is None:
+            raise
+        number = int(code.group(1))
+        raise OSError(number, f"Cannot write into {directory}: {os.strerror(number)}") from None
 
 
 def write_owned(
@@ -117,27 +143,26 @@ def write_owned(
                 "pass overwrite=True (--overwrite) to replace those files (the folder's others are kept)."
             )
     into_existing = directory.is_dir()
-    try:
+    with _named_as(directory):
         staging = Path(
             tempfile.mkdtemp(
                 prefix=f".{directory.name}.tmp-", dir=directory if into_existing else directory.parent
             )
         )
-    except OSError as error:
-        raise OSError(error.errno, f"Cannot write into {directory}: {error.strerror}") from None
     try:
-        fill(staging)
-        written = set(os.listdir(staging))
-        if written != names:
-            raise RuntimeError(f"keras_vit wrote {sorted(written)} where it declared {sorted(names)}.")
-        if not into_existing:
-            os.replace(staging, directory)
-            return directory
-        for name in sorted(names - {last}) + ([last] if last in names else []):
-            os.replace(staging / name, directory / name)
-        for name in earlier - names:
-            if (directory / name).is_file():
-                os.remove(directory / name)
+        with _named_as(directory):  # a full disk, a folder made read-only meanwhile, ...
+            fill(staging)
+            written = set(os.listdir(staging))
+            if written != names:
+                raise RuntimeError(f"keras_vit wrote {sorted(written)} where it declared {sorted(names)}.")
+            if not into_existing:
+                os.replace(staging, directory)
+                return directory
+            for name in sorted(names - {last}) + ([last] if last in names else []):
+                os.replace(staging / name, directory / name)
+            for name in earlier - names:
+                if (directory / name).is_file():
+                    os.remove(directory / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory

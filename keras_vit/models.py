@@ -305,29 +305,48 @@ class ViT(keras.Model):
         with self._state_kept_on_failure():
             return super().evaluate(*args, **kwargs)
 
-    @contextlib.contextmanager
-    def _state_kept_on_failure(self):
-        """On JAX, put the weights back into the model when `evaluate` or `predict` fails.
+    def fit(self, *args, **kwargs):
+        """`keras.Model.fit`; a failure leaves the model usable (`_state_kept_on_failure`)."""
+        with self._state_kept_on_failure(training=True):
+            return super().fit(*args, **kwargs)
 
-        Keras's JAX loops take the variables' values out of the model while they run and put
-        them back only when the loop ends normally: a failure (a bad batch from a dataset, an
-        interrupt) would leave every variable empty and the model broken for good (`'NoneType'
-        object is not callable`). The state after the last good step is put back, else the
-        values from before the call (references, intact when the first step fails before it runs).
+    def train_on_batch(self, *args, **kwargs):
+        """`keras.Model.train_on_batch`; a failure leaves the model usable (`_state_kept_on_failure`)."""
+        with self._state_kept_on_failure(training=True):
+            return super().train_on_batch(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _state_kept_on_failure(self, training: bool = False):
+        """On JAX, put the weights back into the model when `fit`, `evaluate` or `predict` fails.
+
+        Keras's JAX loops take the variables' values out of the model while they run (the
+        optimizer's too in `fit`) and put them back only when the loop ends normally, or in
+        `fit` only if a step has finished: a failure (a bad batch, labels of the wrong shape, an
+        interrupt) would leave variables empty and the model broken for good (`'NoneType'
+        object is not callable`). The state after the last good step is put back, and any
+        variable still empty gets its value from before the call (references, intact when the
+        step failed before it ran). For `training`, the optimizer is built first (as `fit`
+        would) so that its variables have a value from before the call too.
         """
         if keras.backend.backend() != "jax":
             yield
             return
-        before = [(variable, variable.value) for variable in (*self.variables, *self.metrics_variables)]
+        optimizer = getattr(self, "optimizer", None)
+        if training and optimizer is not None and not optimizer.built:
+            optimizer.build(self.trainable_variables)
+        optimizer_variables = optimizer.variables if optimizer is not None else []
+        variables = (*self.variables, *self.metrics_variables, *optimizer_variables)
+        before = [(variable, variable.value) for variable in variables]
+        self._jax_state = None  # a finished call's state (train_on_batch keeps it) is not this one's
         try:
             yield
         except BaseException:
             if getattr(self, "_jax_state", None):
                 self.jax_state_sync()
-            else:
-                for variable, value in before:
-                    variable.assign(value)
             self._jax_state = None
+            for variable, value in before:
+                if variable._value is None:  # taken out by Keras and not put back
+                    variable.assign(value)
             raise
 
     def _check_batch(self, images) -> None:
@@ -682,6 +701,7 @@ def create_model(
     representation_size: int | None = None,
     name: str | None = None,
     pos_embed_interpolation: str | None = None,
+    verify: bool = True,
     **kwargs,
 ) -> ViT:
     """Build the ViT variant `variant` (see `list_models()`), optionally with published weights.
@@ -711,6 +731,9 @@ def create_model(
             `image_size` (`keras_vit.pos_embed.POS_EMBED_INTERPOLATIONS`): `"jax"` (the original
             code's `scipy.ndimage.zoom(order=1)`), `"timm"` (antialiased bicubic) or `"hf"`
             (bicubic); default the checkpoint source's: `"jax"` for Google `.npz`, `"timm"` else.
+        verify: for a `keras_vit.save_pretrained` folder or repo, check the SHA-256 checksums
+            its `keras_vit.json` records before loading (a changed or damaged file is a
+            `keras_vit.files.ChecksumError` naming it); `False` loads files edited on purpose.
         **kwargs: `ViT` arguments (`dropout`, `attention_dropout`, `drop_path_rate`,
             `classifier_activation`, `channels`, `image_dtype` (`"uint8"`: pixels normalised in
             the model, with the checkpoint's mean and std), `attention_implementation`) and
@@ -746,7 +769,9 @@ def create_model(
     from keras_vit.pretrained import resolve_pretrained
 
     _split_arguments(config, kwargs)  # argument errors before any download
-    checkpoint = resolve_pretrained(pretrained, config.name if config.name in VARIANTS else None)
+    checkpoint = resolve_pretrained(
+        pretrained, config.name if config.name in VARIANTS else None, verify=verify
+    )
     return build_with_checkpoint(config, checkpoint, kwargs, pos_embed_interpolation)
 
 

@@ -145,6 +145,35 @@ def _open(path, name: str):
             ) from None
 
 
+def _refuse_damaged_jpeg(file, name: str) -> None:
+    """`OSError` naming the file for a JPEG that libjpeg decodes only by "recovering" from damaged
+    data (`keras_vit.tf_preprocessing.jpeg_damage`), which Pillow decodes as a partly grey image
+    without a word. The check decodes with TensorFlow, so it is skipped on the PyTorch backend,
+    whose processes must not import TensorFlow (it crashes this torch build)."""
+    import keras
+
+    if keras.backend.backend() == "torch":
+        return
+    from keras_vit.tf_preprocessing import jpeg_damage
+
+    if isinstance(file, (str, os.PathLike)):
+        with open(file, "rb") as opened:
+            data = opened.read()
+    elif file.seekable():
+        start = file.tell()
+        file.seek(0)
+        data = file.read()
+        file.seek(start)
+    else:
+        return
+    damage = jpeg_damage(data)
+    if damage:
+        raise OSError(
+            f"Image {name} could not be decoded: damaged JPEG data (libjpeg: {damage}); it would be read "
+            "with grey or smeared blocks. Replace the file."
+        )
+
+
 def _as_picture(image, max_pixels: int | None = MAX_PIXELS):
     """A path, open file, PIL image or array as an RGB PIL image, its size checked before decoding.
 
@@ -160,6 +189,8 @@ def _as_picture(image, max_pixels: int | None = MAX_PIXELS):
     elif isinstance(image, (str, os.PathLike)) or hasattr(image, "read"):  # a path or an open file
         name = repr(os.fspath(image)) if isinstance(image, (str, os.PathLike)) else "file"
         picture = _open(image, name)
+        if picture.format == "JPEG":
+            _refuse_damaged_jpeg(image, name)
     else:
         pixels = as_uint8_pixels("image", image)
         picture = Image.fromarray(pixels[..., 0] if pixels.ndim == 3 and pixels.shape[-1] == 1 else pixels)

@@ -60,6 +60,7 @@ from keras_vit.converters import (
     read_checkpoint,
 )
 from keras_vit.converters.loading import read_hf_config
+from keras_vit.files import ChecksumError, file_sha256, json_sha256
 from keras_vit.variants import ViTConfig, architecture, config_of, get_config, variant_for
 
 __all__ = [
@@ -70,8 +71,10 @@ __all__ = [
     "download_checkpoint",
     "hub_repo_files",
     "load_weights",
+    "metadata_sha256",
     "read_shared",
     "resolve_pretrained",
+    "verify_shared",
 ]
 # Catalog names that lived here before `keras_vit.catalog`: still reachable, with a warning.
 _MOVED_TO_CATALOG = (
@@ -519,6 +522,49 @@ def read_shared(
     return str(folder / metadata["weights"]), metadata
 
 
+def metadata_sha256(metadata: Mapping) -> str:
+    """The SHA-256 of a `keras_vit.json`'s content but its own `sha256` field."""
+    return json_sha256({key: value for key, value in metadata.items() if key != "sha256"})
+
+
+def verify_shared(folder: str | os.PathLike, metadata: Mapping, *, complete: bool = True) -> None:
+    """`ChecksumError` naming the file unless `keras_vit.json` and the files it records are as written.
+
+    `complete`: every recorded file must be there (a local folder); else only those present
+    are checked (a Hub download holds the weights, not the format's other files). Metadata
+    from a keras_vit that recorded no checksums is loaded with a warning.
+    """
+    folder = Path(folder)
+    if "sha256" not in metadata:
+        warnings.warn(
+            f"{folder / METADATA_FILE} records no checksums (written by an older keras_vit): its files "
+            "are not verified.",
+            stacklevel=3,
+        )
+        return
+    edited = "pass verify=False (--no-verify) to load it as it is if you changed it on purpose"
+    if metadata["sha256"] != metadata_sha256(metadata):
+        raise ChecksumError(
+            f"{folder / METADATA_FILE} does not match its recorded SHA-256 checksum: it was edited or "
+            f"damaged. Write the folder again with keras_vit.save_pretrained, or {edited}."
+        )
+    for name, digest in (metadata.get("files") or {}).items():
+        path = folder / name
+        if name != os.path.basename(name):
+            raise ChecksumError(
+                f"{folder / METADATA_FILE} names {name!r}, which is not a file of the folder."
+            )
+        if not path.is_file():
+            if complete:
+                raise ChecksumError(f"{path} is missing: {METADATA_FILE} records it. Copy the whole folder.")
+            continue
+        if file_sha256(path) != digest:
+            raise ChecksumError(
+                f"{path} does not match the SHA-256 checksum {METADATA_FILE} records: it was changed or "
+                f"damaged. Write the folder again with keras_vit.save_pretrained, or {edited}."
+            )
+
+
 def _shared_info(metadata: dict) -> CheckpointInfo:
     """The architecture of a checkpoint `keras_vit.save_pretrained` wrote, from its `keras_vit.json`."""
     arguments = metadata["model"]
@@ -557,15 +603,17 @@ def _read(path: str, from_hub: bool, label: str) -> dict[str, np.ndarray]:
 
 
 def resolve_pretrained(
-    source, variant: str | None = None, *, cache_dir: str | os.PathLike | None = None
+    source, variant: str | None = None, *, cache_dir: str | os.PathLike | None = None, verify: bool = True
 ) -> Checkpoint:
     """Find, download if needed, read and check the checkpoint a `pretrained=` value names.
 
     `source`: `True` (the variant's default tag), a tag (short with `variant`, or full), a
     local file (format detected), a `save_pretrained` folder, or a hub repo id (`"org/name"`,
     or `"hf-hub:org/name"`). A folder's or repo's `keras_vit.json`, if any, gives the weights
-    file, format, head count, numerics and layout exactly. With `variant`, a checkpoint of
-    another architecture is an error naming the factory that fits it.
+    file, format, head count, numerics and layout exactly, and with `verify` the SHA-256
+    checksums it records are checked before the weights are read (`verify_shared`: a changed
+    file is a `ChecksumError` naming it). With `variant`, a checkpoint of another architecture
+    is an error naming the factory that fits it.
     """
     metadata = None
     if isinstance(source, str) and source.startswith(HUB_PREFIX):
@@ -575,6 +623,8 @@ def resolve_pretrained(
         path, entry, from_hub = _locate(source, variant, cache_dir)
         if os.path.isdir(path):
             path, metadata = read_shared(path)
+    if metadata is not None and verify:
+        verify_shared(Path(path).parent, metadata, complete=not from_hub)
     label = f"checkpoint {entry.tag!r}" if entry else f"checkpoint {os.fspath(source)!r}"
     state = _read(path, from_hub, label)
     if metadata is not None:  # keras_vit.json records what the weights do not: heads, numerics, layout
@@ -626,6 +676,7 @@ def load_weights(
     *,
     cache_dir: str | os.PathLike | None = None,
     pos_embed_interpolation: str | None = None,
+    verify: bool = True,
 ) -> None:
     """Load a checkpoint into an existing keras_vit model.
 
@@ -635,6 +686,7 @@ def load_weights(
     model keeps its own); pre-logits are loaded if the model has them. The model keeps its own
     numerics (`ViTConfig.numerics`); `create_model(..., pretrained=source)` builds one with the
     source's. A catalog tag of another architecture is refused before anything is downloaded.
+    A `save_pretrained` folder's checksums are verified unless `verify=False` (`resolve_pretrained`).
     """
     config = config_of(model)
     shape = architecture(config)
@@ -644,7 +696,7 @@ def load_weights(
         entry = catalog.get_entry(source)
         stored = architecture(get_config(entry.variant))
         _check_fits(shape, model.name, stored, entry.variant, f"checkpoint {entry.tag!r}")
-    checkpoint = resolve_pretrained(source, variant, cache_dir=cache_dir)
+    checkpoint = resolve_pretrained(source, variant, cache_dir=cache_dir, verify=verify)
     info = checkpoint.info
     _check_fits(shape, model.name, architecture(info), info.variant, checkpoint.label)
     checkpoint.load_into(model, pos_embed_interpolation=pos_embed_interpolation)

@@ -20,8 +20,9 @@ format's, `keras_vit.json`, `README.md`), a new folder beside its place then ren
 and `overwrite=True` replaces only what an earlier `save_pretrained` wrote there (the files
 its `keras_vit.json` lists), never the folder's other contents. `keras_vit.json` records the
 SHA-256 of every file written but the model card (`files`) and of its own content
-(`sha256`); `load_pretrained` verifies them, so a changed weight or an edited config is an
-error naming the file (`verify=False` loads files edited on purpose).
+(`sha256`); `load_pretrained`, `create_model(pretrained=folder)` and `load_weights` verify
+them, so a changed weight or an edited config is an error naming the file (`verify=False`
+loads files edited on purpose).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -39,8 +39,15 @@ import keras
 from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
 from keras_vit.converters import write_google_npz, write_hf, write_timm
 from keras_vit.converters.write_common import NotExpressibleError, check_writable
-from keras_vit.files import ChecksumError, file_sha256, json_sha256, write_owned
-from keras_vit.pretrained import HUB_PREFIX, METADATA_FILE, read_shared, resolve_pretrained
+from keras_vit.files import ChecksumError, file_sha256, write_owned
+from keras_vit.pretrained import (
+    HUB_PREFIX,
+    METADATA_FILE,
+    metadata_sha256,
+    read_shared,
+    resolve_pretrained,
+    verify_shared,
+)
 from keras_vit.variants import ViTConfig
 from keras_vit.version import __version__
 
@@ -120,45 +127,7 @@ def _earlier_output(directory: Path) -> set[str]:
 def _signed(metadata: dict) -> dict:
     """`metadata` with the SHA-256 of its own content (`sha256`): an edit of any value is detected."""
     content = {key: value for key, value in metadata.items() if key != "sha256"}
-    return {**content, "sha256": json_sha256(content)}
-
-
-def verify_shared(folder: str | os.PathLike, metadata: Mapping, *, complete: bool = True) -> None:
-    """`ChecksumError` naming the file unless `keras_vit.json` and the files it records are as written.
-
-    `complete`: every recorded file must be there (a local folder); else only those present
-    are checked (a Hub download holds the weights, not the format's other files). Metadata
-    from a keras_vit that recorded no checksums is loaded with a warning.
-    """
-    folder = Path(folder)
-    if "sha256" not in metadata:
-        warnings.warn(
-            f"{folder / METADATA_FILE} records no checksums (written by an older keras_vit): its files "
-            "are not verified.",
-            stacklevel=3,
-        )
-        return
-    edited = "pass verify=False (--no-verify) to load it as it is if you changed it on purpose"
-    if metadata["sha256"] != _signed(dict(metadata))["sha256"]:
-        raise ChecksumError(
-            f"{folder / METADATA_FILE} does not match its recorded SHA-256 checksum: it was edited or "
-            f"damaged. Write the folder again with keras_vit.save_pretrained, or {edited}."
-        )
-    for name, digest in (metadata.get("files") or {}).items():
-        path = folder / name
-        if name != os.path.basename(name):
-            raise ChecksumError(
-                f"{folder / METADATA_FILE} names {name!r}, which is not a file of the folder."
-            )
-        if not path.is_file():
-            if complete:
-                raise ChecksumError(f"{path} is missing: {METADATA_FILE} records it. Copy the whole folder.")
-            continue
-        if file_sha256(path) != digest:
-            raise ChecksumError(
-                f"{path} does not match the SHA-256 checksum {METADATA_FILE} records: it was changed or "
-                f"damaged. Write the folder again with keras_vit.save_pretrained, or {edited}."
-            )
+    return {**content, "sha256": metadata_sha256(content)}
 
 
 def save_pretrained(
@@ -295,12 +264,7 @@ def load_pretrained(
     is_folder = not (isinstance(source, str) and source.startswith(HUB_PREFIX))
     if is_folder and not (Path(source).expanduser() / METADATA_FILE).is_file():
         raise FileNotFoundError(_not_shared(source))  # before reading: not a folder keras_vit wrote
-    if verify:
-        weights, metadata = read_shared(source, cache_dir=cache_dir)
-        if metadata is None:
-            raise FileNotFoundError(_not_shared(source))
-        verify_shared(Path(weights).parent, metadata, complete=is_folder)
-    checkpoint = resolve_pretrained(source, cache_dir=cache_dir)
+    checkpoint = resolve_pretrained(source, cache_dir=cache_dir, verify=verify)
     if checkpoint.metadata is None:
         raise FileNotFoundError(_not_shared(source))
     recorded = {key: value for key, value in checkpoint.metadata["model"].items() if key != "trainable"}

@@ -24,7 +24,13 @@ two rounded passes by 1. `resampler="tensorflow"` is that one-pass resize (round
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +38,7 @@ import tensorflow as tf
 
 from keras_vit.catalog import Preprocessing, normalize
 
-__all__ = ["ImagePreprocessing", "decode_image"]
+__all__ = ["LIBJPEG_WARNINGS", "ImagePreprocessing", "caught_stderr", "decode_image", "jpeg_damage"]
 
 _PRECISION_BITS = 22  # Pillow's fixed point for 8-bit images: 32 - 8 - 2 bits
 _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}  # Pillow's filter supports
@@ -51,6 +57,56 @@ def decode_image(data: tf.Tensor, channels: int = 3) -> tf.Tensor:
         lambda: tf.io.decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE"),
         lambda: tf.io.decode_image(data, channels=channels, expand_animations=False),
     )
+
+
+# libjpeg's warnings: it "recovers" from a damaged JPEG (grey blocks for the lost data) and says
+# so only with one of these lines on standard error, naming no file.
+LIBJPEG_WARNINGS = re.compile(
+    r"^(Corrupt JPEG data|Premature end of JPEG file|Invalid SOS|Inconsistent progression).*$", re.M
+)
+
+
+@contextlib.contextmanager
+def caught_stderr() -> Iterator[Callable[[], str]]:
+    """Standard error (file descriptor 2, where libjpeg writes) caught in a temporary file.
+
+    Yields a function that returns what was written since its last call. Anything caught
+    that is not a libjpeg warning is written back to standard error at the end.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    kept = []
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+
+        def since_last_call() -> str:
+            caught.seek(0)
+            text = caught.read().decode(errors="replace")
+            caught.seek(0)
+            caught.truncate()
+            kept.append(LIBJPEG_WARNINGS.sub("", text).strip())
+            return text
+
+        try:
+            yield since_last_call
+        finally:
+            since_last_call()
+            os.dup2(saved, 2)
+            os.close(saved)
+    other = "\n".join(text for text in kept if text)
+    if other:
+        sys.stderr.write(other + "\n")
+
+
+def jpeg_damage(data: bytes) -> str | None:
+    """libjpeg's complaint about a JPEG's bytes that it decodes only by "recovering" (grey or
+    smeared blocks where data was lost, e.g. bytes damaged mid-file with the header and end
+    marker intact), or None for an intact one. Pillow, which drops libjpeg's warnings, decodes
+    such a file without a word; this decodes it once as `decode_image` does, its warning caught."""
+    with caught_stderr() as caught:
+        decode_image(tf.constant(data))
+        warning = LIBJPEG_WARNINGS.search(caught())
+    return warning.group(0).strip() if warning else None
 
 
 def _kernel(interpolation: str, x: tf.Tensor) -> tf.Tensor:

@@ -6,6 +6,7 @@ while a run writes to it (tested with a real second process, and one killed by S
 backups and `save_pretrained` folders record SHA-256 checksums that are verified on reading.
 """
 
+import errno
 import json
 import os
 import signal
@@ -88,6 +89,43 @@ def test_write_owned_replaces_only_its_own_files(tmp_path):
     (tmp_path / "file").write_text("user")
     with pytest.raises(FileExistsError, match="is not a folder"):
         write_owned(tmp_path / "file", {"a"}, _fill({"a": "1"}))
+
+
+@pytest.mark.parametrize("fault", ["oserror", "safetensors"])
+@pytest.mark.parametrize("into", ["new", "existing"])
+def test_write_owned_errors_name_the_folder_given_not_the_staging_one(tmp_path, fault, into):
+    """A write that fails midway (here a full disk: a real one gives the same errors) names the
+    folder the user gave; nothing is left behind."""
+    from safetensors import SafetensorError
+
+    folder = tmp_path / "out"
+    if into == "existing":
+        folder.mkdir()
+
+    def fill(staging):
+        (staging / "model.safetensors").write_bytes(b"half")
+        if fault == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", str(staging / "model.safetensors"))
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(OSError, match=rf"^\[Errno 28\] Cannot write into {folder}: No space left") as caught:
+        write_owned(folder, {"model.safetensors"}, fill)
+    assert ".tmp-" not in str(caught.value) and caught.value.filename is None
+    assert _names(tmp_path) == (["out"] if into == "existing" else [])
+    if into == "existing":
+        assert _names(folder) == []
+
+
+def test_save_pretrained_into_an_unwritable_place_names_it(tiny, tmp_path):
+    (tmp_path / "afile").write_text("user")
+    with pytest.raises(
+        NotADirectoryError, match=rf"Cannot create {tmp_path}/afile/out: {tmp_path}/afile is a file"
+    ):
+        keras_vit.save_pretrained(tiny, tmp_path / "afile" / "out")
+    with pytest.raises(OSError, match=r"^\[Errno \d+\] Cannot write into /proc/keras_vit_out: ") as caught:
+        keras_vit.save_pretrained(tiny, "/proc/keras_vit_out")  # a place nobody can write into, root too
+    assert ".tmp-" not in str(caught.value)
+    assert (tmp_path / "afile").read_text() == "user"
 
 
 def test_refuse_overlap(tmp_path):
@@ -295,6 +333,12 @@ def test_save_pretrained_records_checksums_and_load_verifies_them(tiny, tmp_path
     weights.write_bytes(bytes(data))
     with pytest.raises(ChecksumError, match=r"model\.safetensors does not match the SHA-256 checksum"):
         keras_vit.load_pretrained(folder)
+    # the same check where a folder is given as pretrained= (create_model) or to load_weights
+    with pytest.raises(ChecksumError, match=rf"{folder}/model\.safetensors does not match .*verify=False"):
+        keras_vit.create_model(TINY, folder, num_classes=5)
+    with pytest.raises(ChecksumError, match=r"model\.safetensors does not match"):
+        keras_vit.load_weights(keras_vit.build_vit(TINY, num_classes=5), folder)
+    keras_vit.create_model(TINY, folder, num_classes=5, verify=False)  # the opt-out
     assert cli.main(["convert", str(folder), str(tmp_path / "out.keras")]) == 1
     assert cli.main(["convert", str(folder), str(tmp_path / "out.keras"), "--no-verify"]) == 0
 

@@ -129,14 +129,30 @@ for call in ("predict", "evaluate"):
             errors[f"{call} batch {at}"] = str(error)
 after = model.predict(good, verbose=0)
 errors["evaluate after"] = float(model.evaluate(good, np.array([0, 1]), verbose=0))
-print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, after))}))
+wrong_labels = np.zeros((2, 5, 7))
+for name, call in [("fit batch 0", lambda: model.fit(FailingBatches(0), shuffle=False, verbose=0)),
+                   ("fit labels", lambda: model.fit(good, wrong_labels, verbose=0)),
+                   ("train_on_batch labels", lambda: model.train_on_batch(good, wrong_labels))]:
+    try:
+        call()
+    except (RuntimeError, ValueError) as error:
+        errors[name] = str(error)
+after_failed_fits = model.predict(good, verbose=0)
+try:
+    model.fit(FailingBatches(1), shuffle=False, verbose=0)  # one step trained, then the bad batch
+except RuntimeError as error:
+    errors["fit batch 1"] = str(error)
+errors["fit after"] = model.fit(good, np.array([0, 1]), verbose=0).history["loss"][-1]
+print(json.dumps({"errors": errors, "unchanged": bool(np.array_equal(before, after)),
+                  "unchanged by failed fits": bool(np.array_equal(before, after_failed_fits)),
+                  "trained": not np.array_equal(before, model.predict(good, verbose=0))}))
 """
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
-    """On JAX an empty batch or a failing batch in Keras's predict or evaluate loop used to break the
-    model for good."""
+    """On JAX an empty batch, or a failing batch or wrong labels in Keras's predict, evaluate or fit
+    loop, used to break the model for good."""
     result = subprocess.run(
         [sys.executable, "-c", _BACKEND_SCRIPT],
         env=subprocess_env(KERAS_BACKEND=backend),
@@ -152,9 +168,13 @@ def test_backend_bad_batches_refused_and_model_still_works(backend, tmp_path):
     assert "preprocess_input" in outcome["errors"]["uint8"]
     assert "preprocess_input" in outcome["errors"]["bool"]
     assert "NaN" in outcome["errors"]["nan"]
-    for call in ("predict", "evaluate"):
+    for call in ("predict", "evaluate", "fit"):
         assert outcome["errors"][f"{call} batch 0"] == outcome["errors"][f"{call} batch 1"] == "a bad batch"
     assert np.isfinite(outcome["errors"]["evaluate after"])
+    for call in ("fit", "train_on_batch"):  # a shape error while tracing the first step
+        assert "must have the same shape" in outcome["errors"][f"{call} labels"]
+    assert outcome["unchanged by failed fits"] and outcome["trained"]
+    assert np.isfinite(outcome["errors"]["fit after"])
 
 
 # --- a damaged keras_vit.json: an error naming the file and the fault ---------------------------
@@ -251,6 +271,22 @@ def test_image_folder_refuses_or_skips_a_jpeg_damaged_mid_file(tmp_path, how, ca
     assert "Corrupt JPEG" not in capfd.readouterr().err  # said once, in the error, with the file's name
 
 
+@pytest.mark.parametrize("how", ["zeroed", "cut"])
+def test_load_image_refuses_a_jpeg_damaged_mid_file(tmp_path, how, capfd):
+    damaged = tmp_path / "damaged.jpg"
+    damaged.write_bytes(_damaged_mid_file(SAMPLE_JPEG.read_bytes(), how))
+    assert keras_vit.load_image(SAMPLE_JPEG, 32).shape == (32, 32, 3)  # the intact photograph
+    message = rf"Image '{damaged}' could not be decoded: damaged JPEG data \(libjpeg: Corrupt JPEG data"
+    with pytest.raises(OSError, match=message):
+        keras_vit.load_image(damaged, 32)
+    with (
+        open(damaged, "rb") as file,
+        pytest.raises(OSError, match="Image file could not be decoded: damaged JPEG"),
+    ):
+        keras_vit.load_image(file, 32)
+    assert "Corrupt JPEG" not in capfd.readouterr().err  # said once, in the error
+
+
 # --- the command line: every flag honoured or refused before anything runs ----------------------
 
 
@@ -268,6 +304,14 @@ def _cli(capsys, *arguments) -> tuple[int, str, str]:
     code = cli.main([str(argument) for argument in arguments])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def test_cli_predict_names_a_damaged_jpeg(run_folder, tmp_path, capsys):
+    damaged = tmp_path / "damaged.jpg"
+    damaged.write_bytes(_damaged_mid_file(SAMPLE_JPEG.read_bytes(), "zeroed"))
+    code, out, err = _cli(capsys, "predict", damaged, "--model", run_folder / "model.keras")
+    assert code == 1 and out == ""
+    assert f"Image '{damaged}' could not be decoded: damaged JPEG data" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize("how", ["keras-file", "shared-folder"])
