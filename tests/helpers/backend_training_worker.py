@@ -1,0 +1,54 @@
+"""Run by tests/test_backend_training.py under `KERAS_BACKEND=jax|torch` with TensorFlow blocked
+(importing it raises `ImportError`, as where it is not installed):
+
+    python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json
+
+Calls `keras_vit.training.train(**ARGUMENTS)` and writes `OUT.json`: the backend, the report's
+accuracy, backend, strategy, devices and steps, the SHA-256 of the final weights' bytes (in
+`model.weights` order) and which TensorFlow modules it tried to import and imported (none, if it holds).
+"""
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import json
+import sys
+from pathlib import Path
+
+
+ATTEMPTS = []  # every import of TensorFlow tried, even one whose ImportError was caught (Keras tries some)
+
+
+class _NoTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """TensorFlow's modules are found (PyTorch's dynamo only looks them up) but cannot be imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "tensorflow":
+            ATTEMPTS.append(name)
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+
+    def create_module(self, spec):
+        raise ImportError(f"{spec.name} is blocked: training on JAX or PyTorch must not need TensorFlow")
+
+
+sys.meta_path.insert(0, _NoTensorFlow())
+
+import keras  # noqa: E402
+
+from keras_vit import training  # noqa: E402
+
+arguments_path, out_path = sys.argv[1:]
+result = training.train(**json.loads(Path(arguments_path).read_text()))
+digest = hashlib.sha256()
+for weight in result.model.weights:
+    digest.update(keras.ops.convert_to_numpy(weight).tobytes())
+report = result.report
+summary = {key: report.get(key) for key in ("accuracy", "backend", "strategy", "replicas", "devices", "mesh", "steps")}
+summary.update(
+    backend_in_process=keras.backend.backend(),
+    weights_sha256=digest.hexdigest(),
+    tensorflow_import_attempts=sorted(set(ATTEMPTS)),
+    tensorflow_imported=sorted(name for name in sys.modules if name.partition(".")[0] == "tensorflow"),
+)
+Path(out_path).write_text(json.dumps(summary))
