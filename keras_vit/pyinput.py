@@ -92,7 +92,8 @@ class SourceInfo:
 
 @dataclass(frozen=True, repr=False)
 class Source(SourceInfo):
-    """A labelled image set read without TensorFlow: `read(index) -> (uint8 (H, W, 3), int label)`.
+    """A labelled image set read without TensorFlow: `read(index) -> (uint8 (H, W, 3), int label)`,
+    `labels` every example's label in order (int32).
 
     `crop_scale` and `flip` are the augmentation that suits these images (see `keras_vit.data.Source`).
     """
@@ -101,6 +102,7 @@ class Source(SourceInfo):
     num_classes: int
     class_names: tuple[str, ...] | None
     read: Callable[[int], tuple[np.ndarray, int]]
+    labels: np.ndarray
     class_counts: tuple[int, ...] | None = None
     files: tuple[str, ...] | None = None
     crop_scale: tuple[float, float] = (0.08, 1.0)
@@ -162,7 +164,7 @@ def from_arrays(
         return images[index], int(labels[index])
 
     counts = tuple(int(count) for count in np.bincount(labels, minlength=num_classes))
-    return Source(len(images), num_classes, class_names, read, class_counts=counts)
+    return Source(len(images), num_classes, class_names, read, labels, class_counts=counts)
 
 
 def image_problem(path: str, max_pixels: int | None) -> str | None:
@@ -284,7 +286,8 @@ def from_directory(
         return _decode_file(paths[index]), labels[index]
 
     counts = tuple(labels.count(label) for label in range(len(class_names)))
-    return Source(len(paths), len(class_names), tuple(class_names), read, counts, tuple(paths))
+    label_array = np.asarray(labels, dtype="int32")
+    return Source(len(paths), len(class_names), tuple(class_names), read, label_array, counts, tuple(paths))
 
 
 def digits_arrays(test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -558,18 +561,23 @@ def train_pipeline(
 
 class BatchedImages(keras.utils.PyDataset):
     """One pass over a source in stored order, each image resized whole and rounded to uint8
-    values, then normalised: `eval_pipeline`'s result (the last batch keeps the remainder)."""
+    values, then normalised: `eval_pipeline`'s result. The last batch keeps the remainder, or
+    with `pad` is filled up to `batch_size` with copies of the last example (every batch then
+    splits evenly between data-parallel devices; drop the extra predictions)."""
 
-    def __init__(self, source: Source, spec: Preprocessing, batch_size: int):
+    def __init__(self, source: Source, spec: Preprocessing, batch_size: int, pad: bool = False):
         super().__init__()
-        self.source, self.spec, self.batch_size = source, spec, batch_size
+        self.source, self.spec, self.batch_size, self.pad = source, spec, batch_size, pad
         self.resample = _resampling(spec.interpolation)
 
     def __len__(self) -> int:
         return math.ceil(self.source.num_examples / self.batch_size)
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        indices = range(index * self.batch_size, min((index + 1) * self.batch_size, self.source.num_examples))
+        last = self.source.num_examples - 1
+        indices = range(index * self.batch_size, min((index + 1) * self.batch_size, last + 1))
+        if self.pad:
+            indices = [*indices, *[last] * (self.batch_size - len(indices))]
         images, labels = [], []
         for example in indices:
             image, label = self.source.read(example)
@@ -579,12 +587,15 @@ class BatchedImages(keras.utils.PyDataset):
         return normalize(np.stack(images), self.spec.mean, self.spec.std), np.asarray(labels, dtype="int32")
 
 
-def eval_pipeline(source: Source, spec: Preprocessing, *, batch_size: int) -> BatchedImages:
+def eval_pipeline(
+    source: Source, spec: Preprocessing, *, batch_size: int, pad: bool = False
+) -> BatchedImages:
     """Evaluation batches of `source` with `spec`'s size, normalisation and filter (a plain resize:
-    `spec.crop_pct` must be None, as the training driver's evaluation has it)."""
+    `spec.crop_pct` must be None, as the training driver's evaluation has it); `pad`: every batch
+    full (`BatchedImages`)."""
     if spec.crop_pct is not None:
         raise ValueError(
             f"eval_pipeline without TensorFlow resizes the whole image: pass a spec with crop_pct=None, "
             f"not {spec.crop_pct}."
         )
-    return BatchedImages(source, spec, batch_size)
+    return BatchedImages(source, spec, batch_size, pad)

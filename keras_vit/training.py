@@ -281,14 +281,29 @@ class ClassificationTask:
         image_size, mean, std, interpolation = self._preprocessing(network)
         inputs = input_module()
         eval_spec = inputs.Preprocessing(image_size, mean, std, None, interpolation, resampler="tensorflow")
-        test_data = inputs.eval_pipeline(self.test_source, eval_spec, batch_size=self.options.batch_size)
-        test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
+        if keras.backend.backend() == "tensorflow":
+            test_data = inputs.eval_pipeline(self.test_source, eval_spec, batch_size=self.options.batch_size)
+            test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
+        else:
+            test_loss, test_accuracy = self._held_out_metrics(network, eval_spec)
         return {
             "accuracy": float(test_accuracy),
             "loss": float(test_loss),
             "test_examples": self.test_source.num_examples,
             "ema": self.options.ema_momentum is not None,
         }
+
+    def _held_out_metrics(self, network: keras.Model, eval_spec) -> tuple[float, float]:
+        """The held-out loss and accuracy off TensorFlow: predictions of full batches (the last one
+        padded, so that every batch splits between data-parallel devices), the padding dropped,
+        then the compiled loss and top-1 accuracy over the real examples."""
+        from keras_vit import pyinput
+
+        source = self.test_source
+        batches = pyinput.eval_pipeline(source, eval_spec, batch_size=self.options.batch_size, pad=True)
+        logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
+        loss = keras.ops.convert_to_numpy(network.loss(source.labels, logits))
+        return float(loss), float((logits.argmax(axis=-1) == source.labels).mean())
 
     def saved_model(self, network: keras.Model) -> keras.Model:
         return network

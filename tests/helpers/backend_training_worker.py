@@ -1,11 +1,13 @@
 """Run by tests/test_backend_training.py under `KERAS_BACKEND=jax|torch` with TensorFlow blocked
 (importing it raises `ImportError`, as where it is not installed):
 
-    python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json
+    python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json [slow]
 
-Calls `keras_vit.training.train(**ARGUMENTS)` and writes `OUT.json`: the backend, the report's
-accuracy, backend, strategy, devices and steps, the SHA-256 of the final weights' bytes (in
-`model.weights` order) and which TensorFlow modules it tried to import and imported (none, if it holds).
+Calls `keras_vit.training.train(**ARGUMENTS)` (a `model` given as a dict is a `ViTConfig`;
+`slow`: every training step slowed by 0.3 s, so a test can kill the run mid-way) and writes
+`OUT.json`: the report's accuracy, backend, distribution, steps, history and start epoch, the
+SHA-256 of the final weights' bytes (in `model.weights` order) and which TensorFlow modules it
+tried to import and imported (none, if it holds).
 """
 
 import hashlib
@@ -13,10 +15,10 @@ import importlib.abc
 import importlib.machinery
 import json
 import sys
+import time
 from pathlib import Path
 
-
-ATTEMPTS = []  # every import of TensorFlow tried, even one whose ImportError was caught (Keras tries some)
+ATTEMPTS = []  # every import of TensorFlow tried (not a mere look-up), even one whose ImportError was caught
 
 
 class _NoTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -24,11 +26,11 @@ class _NoTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] == "tensorflow":
-            ATTEMPTS.append(name)
             return importlib.machinery.ModuleSpec(name, self)
         return None
 
     def create_module(self, spec):
+        ATTEMPTS.append(spec.name)
         raise ImportError(f"{spec.name} is blocked: training on JAX or PyTorch must not need TensorFlow")
 
 
@@ -36,15 +38,28 @@ sys.meta_path.insert(0, _NoTensorFlow())
 
 import keras  # noqa: E402
 
-from keras_vit import training  # noqa: E402
+from keras_vit import ViTConfig, training  # noqa: E402
 
-arguments_path, out_path = sys.argv[1:]
-result = training.train(**json.loads(Path(arguments_path).read_text()))
+
+class _Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.3)
+
+
+arguments_path, out_path, *mode = sys.argv[1:]
+arguments = json.loads(Path(arguments_path).read_text())
+if isinstance(arguments.get("model"), dict):
+    arguments["model"] = ViTConfig.from_dict(arguments["model"])
+result = training.train(**arguments, callbacks=[_Slow()] if mode == ["slow"] else [])
 digest = hashlib.sha256()
 for weight in result.model.weights:
     digest.update(keras.ops.convert_to_numpy(weight).tobytes())
 report = result.report
-summary = {key: report.get(key) for key in ("accuracy", "backend", "strategy", "replicas", "devices", "mesh", "steps")}
+summary = {
+    key: report.get(key)
+    for key in ("accuracy", "backend", "strategy", "replicas", "devices", "mesh", "steps", "history")
+}
+summary["resumed_from_epoch"] = report["resumed_from_epoch"]
 summary.update(
     backend_in_process=keras.backend.backend(),
     weights_sha256=digest.hexdigest(),
