@@ -54,16 +54,27 @@ def _finished(process: subprocess.Popen, folder: Path) -> dict:
 
 
 @pytest.mark.parametrize(
-    "backend, devices, strategy",
-    [("jax", 2, "DataParallel"), ("torch", 1, "default (one device)")],
+    "backend, devices, extra, distribution",
+    [
+        ("jax", 2, {}, ("DataParallel", 2, {"shape": [2], "axis_names": ["batch"]})),
+        (
+            "jax",
+            4,
+            {"model_parallel": 2},
+            ("ModelParallel", 2, {"shape": [2, 2], "axis_names": ["batch", "model"]}),
+        ),
+        ("torch", 1, {}, ("default (one device)", 1, None)),
+    ],
+    ids=["jax-data-parallel", "jax-model-parallel", "torch"],
 )
-def test_digits_run_without_tensorflow(backend, devices, strategy, tmp_path):
-    """A short run of the main job's data trains, saves and reports without importing TensorFlow;
-    on JAX with two (forced CPU) devices it is data parallel over both by default."""
+def test_digits_run_without_tensorflow(backend, devices, extra, distribution, tmp_path):
+    """A short run of the main job's data trains, saves and reports without importing TensorFlow.
+    On JAX (forced CPU devices) it is data parallel over every device by default, or model
+    parallel with `keras_vit.parallel.make_distribution(2, model=...)` as its strategy."""
     output_dir = tmp_path / "run"
     process = _worker(
         backend,
-        {**TINY_RUN, "output_dir": str(output_dir), "steps": 4},
+        {**TINY_RUN, "output_dir": str(output_dir), "steps": 4, **extra},
         tmp_path,
         XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
     )
@@ -72,11 +83,10 @@ def test_digits_run_without_tensorflow(backend, devices, strategy, tmp_path):
     assert sorted(os.listdir(output_dir)) == ["labels.txt", "model.keras", "report.json"]
     report = json.loads((output_dir / "report.json").read_text())
     assert report["backend"] == backend == result["backend_in_process"]
-    assert (report["strategy"], report["replicas"], len(report["devices"])) == (strategy, devices, devices)
+    assert (report["strategy"], report["replicas"], report.get("mesh")) == distribution
+    assert len(report["devices"]) == devices
     assert report["steps"] == 4 and 0.0 <= report["accuracy"] <= 1.0
     assert report["hyperparameters"]["mixup_alpha"] > 0  # the recipe's mixup ran through the PyDataset
-    if backend == "jax":
-        assert report["mesh"] == {"shape": [2], "axis_names": ["batch"]}
 
 
 def test_strategy_of_tensorflow_on_jax_is_one_error_and_writes_nothing(tmp_path):

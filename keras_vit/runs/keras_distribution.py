@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import keras
-import numpy as np
 
 from keras_vit.defaults import PRECISIONS
 
-__all__ = ["KerasRun", "activated", "describe_distribution", "is_chief", "start_run", "worker_dir"]
+__all__ = [
+    "KerasRun",
+    "activated",
+    "describe_distribution",
+    "is_chief",
+    "start_run",
+    "tensorflow_unseen",
+    "worker_dir",
+]
 
 # The strategy names (`keras_vit.defaults.STRATEGIES`) that mean something off TensorFlow.
 _DATA_PARALLEL = ("auto", "mirrored")
@@ -83,25 +90,33 @@ def start_run(strategy, precision: str, batch_size: int, seed: int) -> KerasRun:
         devices = [str(device) for device in mesh.devices.flatten()]
     if batch_size % replicas:
         raise ValueError(f"batch_size {batch_size} must be divisible by the {replicas} replicas.")
-    set_random_seed(seed)
+    with tensorflow_unseen():
+        keras.utils.set_random_seed(seed)
     return KerasRun(distribution, replicas, devices)
 
 
-def set_random_seed(seed: int) -> None:
-    """`keras.utils.set_random_seed` without TensorFlow: Keras 3.15's also seeds TensorFlow when
-    it is installed, importing it (slow, and it crashes a process that imported PyTorch first)."""
-    from keras.src.backend.common import global_state
-    from keras.src.random import seed_generator
-    from keras.src.utils import rng_utils
+@contextlib.contextmanager
+def tensorflow_unseen() -> Iterator[None]:
+    """Keras sees no TensorFlow while a JAX or PyTorch run lasts (unless it is imported already).
 
-    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
-    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
-    random.seed(seed)
-    np.random.seed(seed)
-    if keras.backend.backend() == "torch":
-        import torch
+    Keras 3.15's backend-neutral code imports TensorFlow whenever it is installed:
+    `keras.utils.set_random_seed` seeds it and `serialize_keras_object` (optimizer configs,
+    `.keras` saving) checks for `tf.TensorShape`. A run off TensorFlow needs neither, and the
+    import is slow and crashes a process that imported PyTorch first. Keras's lazy module is
+    marked unavailable for the run, and restored after.
+    """
+    from keras.src.utils import module_utils
 
-        torch.manual_seed(seed)
+    lazy = module_utils.tensorflow
+    if lazy.module is not None or "tensorflow" in sys.modules:
+        yield
+        return
+    available = lazy._available
+    lazy._available = False
+    try:
+        yield
+    finally:
+        lazy._available = available
 
 
 def _one_device() -> str:
@@ -121,11 +136,9 @@ def _replicas(distribution) -> int:
 
 @contextlib.contextmanager
 def activated(run: KerasRun) -> Iterator[None]:
-    """The run's distribution active while it builds, fits, evaluates and saves (then the previous one)."""
-    if run.distribution is None:
-        yield
-        return
-    with run.distribution.scope():
+    """The run's distribution active while it builds, fits, evaluates and saves (then the previous
+    one), and Keras without TensorFlow (`tensorflow_unseen`)."""
+    with tensorflow_unseen(), run.distribution.scope() if run.distribution else contextlib.nullcontext():
         yield
 
 
