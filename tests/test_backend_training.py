@@ -203,3 +203,28 @@ def test_sigkill_resume_on_jax_is_bit_identical(tmp_path):
     assert first["weights_sha256"] == second["weights_sha256"]
     assert first["accuracy"] == second["accuracy"]
     assert second["tensorflow_import_attempts"] == []
+
+
+def test_image_folder_reads_as_tf_data_reads_it(tmp_path):
+    """An image folder without TensorFlow: the same classes, files, labels and pixels as
+    `keras_vit.data.from_directory` (Pillow decodes; TensorFlow decodes as Pillow does), and a
+    damaged file is refused by both, naming it."""
+    from PIL import Image
+
+    from keras_vit import data
+
+    rng = np.random.default_rng(0)
+    for index, name in enumerate(["cat", "cat", "dog", "dog", "dog"]):
+        (tmp_path / "images" / name).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (12 + index, 10, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "images" / name / f"{index}.png")
+    Image.fromarray(pixels).save(tmp_path / "images" / "dog" / "5.jpg", quality=90)
+    ours, theirs = pyinput.from_directory(tmp_path / "images"), data.from_directory(tmp_path / "images")
+    assert (ours.class_names, ours.files, ours.class_counts) == (theirs.class_names, theirs.files, (2, 4))
+    for index, (image, label) in enumerate(theirs.dataset.as_numpy_iterator()):
+        np.testing.assert_array_equal(ours.read(index)[0], image)
+        assert ours.read(index)[1] == label == ours.labels[index]
+    (tmp_path / "images" / "dog" / "6.png").write_bytes(b"not an image")
+    for reader in (pyinput.from_directory, data.from_directory):
+        with pytest.raises(ValueError, match="6.png"):
+            reader(tmp_path / "images")
