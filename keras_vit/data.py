@@ -28,20 +28,29 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.catalog import model_entry
 from keras_vit.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
-from keras_vit.environment import install_hint
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
+from keras_vit.pyinput import (
+    DIGITS_AUGMENTATION,
+    INTERPOLATIONS,
+    BadImageError,
+    SourceInfo,
+    checked_arrays,
+    digits_arrays,
+    epoch_steps,
+    is_folder_name,
+    list_image_folder,
+    normalisation_for,
+)
 from keras_vit.tf_preprocessing import LIBJPEG_WARNINGS, ImagePreprocessing, caught_stderr, decode_image
-from keras_vit.validation import check_pixel_count, one_of, optional, positive_int, positive_number
 from keras_vit.validation import image_size as size_pair
+from keras_vit.validation import positive_number
 
 __all__ = [
     "BAD_IMAGE_ACTIONS",
@@ -64,8 +73,6 @@ __all__ = [
 
 AUTOTUNE = tf.data.AUTOTUNE
 ShardPolicy = tf.data.experimental.AutoShardPolicy
-IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
-INTERPOLATIONS = ("bilinear", "bicubic", "area", "nearest")
 # Independent random streams derived from the user's seed.
 _SHUFFLE_STREAM, _AUGMENT_STREAM, _MIXUP_STREAM = 0, 1, 2
 
@@ -75,7 +82,7 @@ class DataNotPreparedError(FileNotFoundError):
 
 
 @dataclass(frozen=True, repr=False)
-class Source:
+class Source(SourceInfo):
     """A labelled image set: its examples, size, classes and how to read it.
 
     Random-access sources (arrays, directories) hold `lookup(index) -> (image, label)`, so a
@@ -100,23 +107,6 @@ class Source:
     crop_scale: tuple[float, float] = (0.08, 1.0)
     flip: bool = True
 
-    def augmentation(self, crop_scale: Sequence[float] | None = None, flip: bool | None = None) -> dict:
-        """`train_pipeline`'s `crop_scale` and `flip`: as given, else this source's own."""
-        return {
-            "crop_scale": tuple(self.crop_scale if crop_scale is None else crop_scale),
-            "flip": self.flip if flip is None else flip,
-        }
-
-    def __repr__(self) -> str:  # the same in every process (not the functions' addresses): reports compare it
-        return f"Source({self.num_examples} examples, {self.num_classes} classes)"
-
-    def missing_classes(self) -> list[str]:
-        """The classes with no example (by name where known), or `[]` if unknown or none."""
-        if self.class_counts is None:
-            return []
-        names = self.class_names or tuple(str(index) for index in range(self.num_classes))
-        return [name for name, count in zip(names, self.class_counts, strict=True) if count == 0]
-
     @property
     def dataset(self) -> tf.data.Dataset:
         """The examples in stored order, unbatched: `(uint8 (H, W, 3), int32 label)`."""
@@ -130,22 +120,6 @@ def _as_rgb(image: tf.Tensor) -> tf.Tensor:
     if image.shape[-1] == 1:
         return tf.image.grayscale_to_rgb(image)
     return image
-
-
-def _check_labels(labels: np.ndarray, num_classes: int | None, count: int) -> int:
-    if labels.shape != (count,) or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(
-            f"labels must be {count} integer class indices (shape ({count},)), got dtype {labels.dtype} "
-            f"and shape {labels.shape}: convert one-hot labels with labels.argmax(-1)."
-        )
-    if count == 0:
-        raise ValueError("The source has no examples.")
-    num_classes = int(labels.max()) + 1 if num_classes is None else int(num_classes)
-    if labels.min() < 0 or labels.max() >= num_classes:
-        raise ValueError(
-            f"labels must lie in [0, num_classes) = [0, {num_classes}), got [{labels.min()}, {labels.max()}]."
-        )
-    return num_classes
 
 
 def from_arrays(
@@ -162,30 +136,7 @@ def from_arrays(
     `len(class_names)` or `max(labels) + 1`. The arrays become constants of the input
     pipeline, so they must fit in memory (and under 2 GB).
     """
-    images = np.asarray(images)
-    labels = np.asarray(labels)
-    if images.ndim == 3:
-        images = images[..., None]
-    if images.ndim != 4 or images.shape[-1] not in (1, 3):
-        raise ValueError(f"images must be (N, H, W), (N, H, W, 1) or (N, H, W, 3), got shape {images.shape}.")
-    if images.dtype != np.uint8:
-        if not np.issubdtype(images.dtype, np.number) or images.dtype == bool:
-            raise ValueError(f"images must be numeric pixel values in [0, 255], got dtype {images.dtype}.")
-        low, high = float(images.min()), float(images.max())
-        if low < 0 or high > 255:
-            raise ValueError(f"images must have pixel values in [0, 255], got [{low:g}, {high:g}].")
-        if np.issubdtype(images.dtype, np.floating) and 0 < high <= 1:
-            raise ValueError(
-                f"These float images lie in [{low:g}, {high:g}], which looks like [0, 1] scaling; "
-                "sources take pixel values in [0, 255]: multiply by 255 first."
-            )
-        images = np.round(images).astype("uint8")
-    if class_names is not None:
-        class_names = tuple(str(name) for name in class_names)
-        num_classes = len(class_names) if num_classes is None else num_classes
-        if len(class_names) != num_classes:
-            raise ValueError(f"{len(class_names)} class_names for num_classes={num_classes}.")
-    num_classes = _check_labels(labels, num_classes, len(images))
+    images, labels, num_classes, class_names = checked_arrays(images, labels, num_classes, class_names)
     image_table = tf.constant(images)
     label_table = tf.constant(labels.astype("int32"))
 
@@ -199,37 +150,6 @@ def from_arrays(
 def _decode_file(path: tf.Tensor) -> tf.Tensor:
     """Decode a file as Pillow does (JPEG with the accurate IDCT): the pixels `load_image` reads."""
     return tf.ensure_shape(decode_image(tf.io.read_file(path), channels=3), (None, None, 3))
-
-
-class BadImageError(ValueError):
-    """Image files of a dataset folder that cannot be read (the message names them)."""
-
-
-def _image_problem(path: str, max_pixels: int | None) -> str | None:
-    """Why the image file at `path` cannot be used, or None: a check of its header and structure.
-
-    Pillow reads the header (format, size: the pixel limit is checked there) and `verify()`s
-    the file's structure (PNG chunk checksums, ...) without decoding it. A JPEG that does not
-    end with its end-of-image marker (a truncated download) is decoded in full to be sure.
-    """
-    from PIL import Image
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                check_pixel_count("it", image.height, image.width, max_pixels)
-                if image.format == "JPEG":
-                    with open(path, "rb") as file:
-                        file.seek(-2, os.SEEK_END)
-                        complete = file.read() == b"\xff\xd9"
-                    if not complete:
-                        image.load()
-                else:
-                    image.verify()
-    except Exception as error:  # anything a damaged file makes Pillow raise
-        return f"{type(error).__name__}: {error}"
-    return None
 
 
 def _decode_problems(paths: Sequence[str]) -> dict[str, str]:
@@ -252,12 +172,6 @@ def _decode_problems(paths: Sequence[str]) -> dict[str, str]:
     return problems
 
 
-def _bad_image_message(root: str, bad: list[tuple[str, str]], total: int) -> str:
-    shown = "; ".join(f"{path} ({reason})" for path, reason in bad[:5])
-    more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
-    return f"{len(bad)} of the {total} image files in {root} cannot be read: {shown}{more}."
-
-
 def from_directory(
     path: str | os.PathLike, *, on_bad_image: str = BAD_IMAGE_ACTIONS[0], max_pixels: int | None = MAX_PIXELS
 ) -> Source:
@@ -277,38 +191,7 @@ def from_directory(
     `"skip"` leaves them out with one warning that counts them.
     """
     root = os.fspath(path)
-    on_bad_image = one_of("on_bad_image", on_bad_image, BAD_IMAGE_ACTIONS)
-    max_pixels = optional(positive_int, "max_pixels", max_pixels)
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"Image folder {root!r} does not exist.")
-    class_names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    paths, labels = [], []
-    for label, name in enumerate(class_names):
-        for folder, _, files in sorted(os.walk(os.path.join(root, name))):
-            for file in sorted(files):
-                if file.lower().endswith(IMAGE_EXTENSIONS):
-                    paths.append(os.path.join(folder, file))
-                    labels.append(label)
-    if not paths:
-        raise ValueError(
-            f"No images found in {root!r}: expected one sub-folder per class holding "
-            f"{'/'.join(IMAGE_EXTENSIONS)} files, e.g. {root}/cat/1.jpg, {root}/dog/2.jpg."
-        )
-    bad = [(file, problem) for file in paths if (problem := _image_problem(file, max_pixels)) is not None]
-    unread = {file for file, _ in bad}
-    bad = sorted(bad + list(_decode_problems([file for file in paths if file not in unread]).items()))
-    if bad and on_bad_image == "stop":
-        raise BadImageError(
-            f"{_bad_image_message(root, bad, len(paths))} Remove or replace them, or skip them "
-            "(on_bad_image='skip', keras-vit --on-bad-image skip)."
-        )
-    if bad:
-        warnings.warn(f"Skipped: {_bad_image_message(root, bad, len(paths))}", stacklevel=2)
-        skipped = {file for file, _ in bad}
-        kept = [(file, label) for file, label in zip(paths, labels, strict=True) if file not in skipped]
-        if not kept:
-            raise BadImageError(f"No readable image in {root}: {_bad_image_message(root, bad, len(paths))}")
-        paths, labels = (list(column) for column in zip(*kept, strict=True))
+    paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels, _decode_problems)
     path_table = tf.constant(paths)
     label_table = tf.constant(labels, dtype=tf.int32)
 
@@ -342,20 +225,6 @@ def undecodable_files(source: Source) -> list[tuple[str, str]]:
         except tf.errors.OpError as error:
             bad.append((path, error.message.splitlines()[0]))
     return bad
-
-
-def is_folder_name(dataset: str | os.PathLike) -> bool:
-    """Whether a `dataset` argument names a folder rather than a tensorflow-datasets name.
-
-    A path object is a folder; a string is one if it exists or looks like a path (starts with
-    `.`, `/` or `~`, or the platform's separator). Anything else goes to tensorflow-datasets,
-    including names with a config or a version: `imagenette/320px`, `mnist:3.0.1`,
-    `imagenette/320px:1.0.0`. (A folder named like a tfds dataset is read as a folder when
-    it exists: write `./imagenette` to be explicit.)
-    """
-    if not isinstance(dataset, str):
-        return isinstance(dataset, os.PathLike)
-    return os.path.exists(os.path.expanduser(dataset)) or dataset.startswith((".", "/", "~", os.sep))
 
 
 def from_tfds(name: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> Source:
@@ -425,42 +294,16 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Sour
     first `round(test_fraction * class size)` go to test. Defaults give 1438 train / 359 test.
     Needs scikit-learn (which ships the data, so no network is used).
     """
-    try:
-        from sklearn.datasets import load_digits as sklearn_digits
-    except ImportError:
-        raise ImportError(
-            f"load_digits needs scikit-learn: {install_hint('train')} (or pip install scikit-learn)."
-        ) from None
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
-    digits = sklearn_digits()
-    images = np.round(digits.images * (255.0 / 16.0)).astype("uint8")
-    labels = digits.target.astype("int32")
-    rng = np.random.default_rng(seed)
-    test = np.zeros(len(labels), dtype=bool)
-    for label in range(10):
-        members = rng.permutation(np.flatnonzero(labels == label))
-        test[members[: round(test_fraction * len(members))]] = True
+    images, labels, test = digits_arrays(test_fraction, seed)
     names = tuple(str(label) for label in range(10))
-    # 8x8 strokes: a crop must keep most of the digit, and a flipped digit is another symbol.
-    gentle = dict(crop_scale=(0.7, 1.0), flip=False)
     return (
-        dataclasses.replace(from_arrays(images[~test], labels[~test], class_names=names), **gentle),
-        dataclasses.replace(from_arrays(images[test], labels[test], class_names=names), **gentle),
+        dataclasses.replace(
+            from_arrays(images[~test], labels[~test], class_names=names), **DIGITS_AUGMENTATION
+        ),
+        dataclasses.replace(
+            from_arrays(images[test], labels[test], class_names=names), **DIGITS_AUGMENTATION
+        ),
     )
-
-
-def normalisation_for(model_or_tag=None) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """`(mean, std)` a checkpoint expects, from the catalog (`keras_vit.catalog`).
-
-    Accepts a full catalog tag, a model built with `pretrained=...`, or `None`; anything not
-    in the catalog gets the package default (mean = std = 0.5, inputs in [-1, 1]). The
-    same values as `Preprocessing.for_model(model_or_tag)`'s `mean` and `std`.
-    """
-    entry = model_entry(model_or_tag)
-    if entry is None:
-        return GOOGLE_MEAN, GOOGLE_STD
-    return tuple(entry.mean), tuple(entry.std)
 
 
 def _normaliser(mean: Sequence[float], std: Sequence[float]) -> Callable[[tf.Tensor], tf.Tensor]:
@@ -478,20 +321,6 @@ def _normaliser(mean: Sequence[float], std: Sequence[float]) -> Callable[[tf.Ten
 def _check_interpolation(interpolation: str) -> None:
     if interpolation not in INTERPOLATIONS:
         raise ValueError(f"Unknown interpolation {interpolation!r}: use one of {INTERPOLATIONS}.")
-
-
-def epoch_steps(source: Source, batch_size: int, steps_per_epoch: int | None = None) -> int:
-    """Batches per epoch of `train_pipeline`: `steps_per_epoch`, or one pass `num_examples // batch_size`."""
-    if steps_per_epoch is not None:
-        if int(steps_per_epoch) < 1:
-            raise ValueError(f"steps_per_epoch must be a positive int, got {steps_per_epoch!r}.")
-        return int(steps_per_epoch)
-    if source.num_examples < batch_size:
-        raise ValueError(
-            f"batch_size {batch_size} exceeds the {source.num_examples} examples of the source: "
-            "use a smaller batch or pass steps_per_epoch."
-        )
-    return source.num_examples // batch_size
 
 
 def _fold(key: tf.Tensor, *values) -> tf.Tensor:

@@ -6,15 +6,20 @@ masked patch pre-training its training images. Both read the same names the same
 `keras_vit.data.is_folder_name`), else a prepared tensorflow-datasets name (with a config or
 version if needed: `imagenette/320px`, `mnist:3.0.1`; nothing is downloaded). Each source
 carries the augmentation that suits it (`keras_vit.data.Source.augmentation`).
+
+`load_dataset` reads the digits and folders through tf.data (`keras_vit.data`) on TensorFlow
+and through NumPy and Pillow (`keras_vit.pyinput`) on JAX and PyTorch, where a
+tensorflow-datasets name is refused with what to do instead.
 """
 
 from __future__ import annotations
 
 import os
 
+import keras
 import numpy as np
 
-from keras_vit import data
+from keras_vit import pyinput
 from keras_vit.defaults import BAD_IMAGE_ACTIONS, DATASET
 
 __all__ = ["load_dataset", "load_unlabeled"]
@@ -23,7 +28,7 @@ __all__ = ["load_dataset", "load_unlabeled"]
 def _folder(dataset: str | os.PathLike) -> str | None:
     """The folder `dataset` names (`None`: a tfds name); an existing file or a missing folder is refused."""
     path = os.path.expanduser(os.fspath(dataset))
-    if not data.is_folder_name(dataset):
+    if not pyinput.is_folder_name(dataset):
         return None
     if os.path.isdir(path):
         return path
@@ -53,6 +58,29 @@ def _refuse_unused(dataset, kind: str, options: dict, applies: tuple) -> None:
         raise ValueError(f"{'; '.join(unused)}: dataset {os.fspath(dataset)!r} is {kind}; leave them out.")
 
 
+def _readers():
+    """`keras_vit.data` (tf.data) on TensorFlow, `keras_vit.pyinput` (NumPy, Pillow) elsewhere."""
+    if keras.backend.backend() == "tensorflow":
+        from keras_vit import data
+
+        return data
+    return pyinput
+
+
+def _tfds(name: str, split: str, data_dir):
+    """A tensorflow-datasets split's source; off TensorFlow one clear error (tfds reads through it)."""
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise ValueError(
+            f"Dataset {name!r} is a tensorflow-datasets name, which needs the TensorFlow backend (tf.data), "
+            f"but Keras runs on {backend!r}: run with KERAS_BACKEND=tensorflow, or on {backend} train on "
+            f"an image folder (train/ and test/ with a folder per class) or {DATASET!r}."
+        )
+    from keras_vit import data
+
+    return data.from_tfds(name, split, data_dir=data_dir)
+
+
 def load_dataset(
     dataset: str | os.PathLike,
     *,
@@ -60,7 +88,7 @@ def load_dataset(
     test_split: str = "test",
     data_dir: str | os.PathLike | None = None,
     on_bad_image: str = BAD_IMAGE_ACTIONS[0],
-) -> tuple[data.Source, data.Source]:
+) -> tuple:
     """`(train, held-out)` sources for `dataset`: `"digits"`, an image folder, or a tfds name.
 
     An image folder must hold `train/` and `test/` (or `val/`, `validation/`) sub-folders,
@@ -73,15 +101,12 @@ def load_dataset(
     )
     if isinstance(dataset, str) and dataset == DATASET:
         _refuse_unused(dataset, "scikit-learn's digits", options, _TFDS_OPTIONS + _FOLDER_OPTIONS)
-        return data.load_digits()
+        return _readers().load_digits()
     path = _folder(dataset)
     if path is None:
         _refuse_unused(dataset, "a tensorflow-datasets name", options, _FOLDER_OPTIONS)
         name = os.fspath(dataset)
-        return (
-            data.from_tfds(name, train_split, data_dir=data_dir),
-            data.from_tfds(name, test_split, data_dir=data_dir),
-        )
+        return _tfds(name, train_split, data_dir), _tfds(name, test_split, data_dir)
     _refuse_unused(dataset, "an image folder", options, _TFDS_OPTIONS)
     held_out = next(
         (name for name in ("test", "val", "validation") if os.path.isdir(os.path.join(path, name))), None
@@ -91,8 +116,9 @@ def load_dataset(
             f"Image folder {path!r} needs a train/ and a test/ (or val/) sub-folder, each with one "
             "folder per class, e.g. train/cat/1.jpg and test/cat/7.jpg."
         )
-    train_source = data.from_directory(os.path.join(path, "train"), on_bad_image=on_bad_image)
-    test_source = data.from_directory(os.path.join(path, held_out), on_bad_image=on_bad_image)
+    readers = _readers()
+    train_source = readers.from_directory(os.path.join(path, "train"), on_bad_image=on_bad_image)
+    test_source = readers.from_directory(os.path.join(path, held_out), on_bad_image=on_bad_image)
     if train_source.class_names != test_source.class_names:
         raise ValueError(
             f"{path}: train/ and {held_out}/ have different class folders "
@@ -102,14 +128,17 @@ def load_dataset(
 
 
 def load_unlabeled(
-    dataset: str | os.PathLike | data.Source | np.ndarray,
+    dataset,
     train_split: str = "train",
     data_dir: str | os.PathLike | None = None,
     on_bad_image: str = BAD_IMAGE_ACTIONS[0],
-) -> data.Source:
+) -> pyinput.SourceInfo:
     """The training images of `dataset` (their labels unused): the digits' train split, an image
     folder (its `train/` if present; any sub-folders), the `train_split` of a tfds name, a
-    `keras_vit.data.Source`, or uint8-range images `(N, H, W[, C])`."""
+    `keras_vit.data.Source`, or uint8-range images `(N, H, W[, C])`. TensorFlow only (masked
+    patch pre-training reads through tf.data)."""
+    from keras_vit import data
+
     options = dict(train_split=train_split, data_dir=data_dir, on_bad_image=on_bad_image)
     if isinstance(dataset, (data.Source, np.ndarray)) or dataset == DATASET:
         kind = "scikit-learn's digits" if isinstance(dataset, str) else f"a {type(dataset).__name__}"
@@ -125,7 +154,7 @@ def load_unlabeled(
     path = _folder(dataset)
     if path is None:
         _refuse_unused(dataset, "a tensorflow-datasets name", options, _FOLDER_OPTIONS)
-        return data.from_tfds(os.fspath(dataset), train_split, data_dir=data_dir)
+        return _tfds(os.fspath(dataset), train_split, data_dir)
     _refuse_unused(dataset, "an image folder", options, _TFDS_OPTIONS)
     if os.path.isdir(os.path.join(path, "train")):
         path = os.path.join(path, "train")

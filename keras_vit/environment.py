@@ -194,7 +194,7 @@ def versions() -> dict:
     from keras_vit.version import __version__
 
     found = {"python": platform.python_version(), "keras_vit": __version__}
-    for module in ("keras", "tensorflow", "numpy", "tensorflow_datasets"):
+    for module in ("keras", "tensorflow", "jax", "torch", "numpy", "tensorflow_datasets"):
         loaded = sys.modules.get(module)
         if loaded is not None:
             found[module] = getattr(loaded, "__version__", None)

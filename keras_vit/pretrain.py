@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import data, defaults, runs
+from keras_vit import data, defaults, environment, runs
 from keras_vit.datasets import load_unlabeled
 from keras_vit.masked_patch import (
     MaskedPatchPredictor,
@@ -86,8 +86,9 @@ def pretrain(
         pre-trained ViT, token output: load it with `to_classifier(path, num_classes)` to
         fine-tune), `report.json` (the per-epoch loss and patch accuracy, steps, seconds,
         images/s and the arguments), TensorBoard `logs/` and, while unfinished, `backup/`.
-        Running again with the same arguments resumes.
+        Running again with the same arguments resumes. TensorFlow only, for now (tf.data input).
     """
+    environment.require_tensorflow_backend("Masked patch pre-training (keras_vit.pretrain)")
     options.check()
     arguments = runs.run_arguments(options, model=model, dataset=dataset)
     task = MaskedPatchTask(model_config(model), dataset, options)

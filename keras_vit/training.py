@@ -1,4 +1,4 @@
-"""The training driver behind `keras-vit train` / `keras-vit finetune`: `model.fit` under tf.distribute.
+"""The training driver behind `keras-vit train` / `keras-vit finetune`: `model.fit` on any backend.
 
 `train(...)` builds the model, optimizer and metrics inside `strategy.scope()`, compiles with
 a recipe of `keras_vit.recipes` (`FROM_SCRATCH`: AdamW + warm-up + cosine, stochastic depth,
@@ -22,6 +22,12 @@ restores only epoch boundaries, not the data position, and writes its file in pl
 The main job: `train()` with no arguments trains `vit_digits` (a ViT small enough for a CPU)
 from scratch on scikit-learn's handwritten digits (`keras_vit.data.load_digits`) and reports
 the held-out accuracy.
+
+Backends. On TensorFlow the input is tf.data (`keras_vit.data`) and the run a tf.distribute
+strategy's; on JAX and PyTorch the input is a `keras.utils.PyDataset` (`keras_vit.pyinput`:
+the same augmentation and the same resumable plan, in NumPy and Pillow, without TensorFlow)
+and the run keras.distribution's on JAX (data parallel over the local devices), one device's
+on PyTorch. tensorflow-datasets names need TensorFlow.
 """
 
 from __future__ import annotations
@@ -29,11 +35,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import keras
-import tensorflow as tf
 
-from keras_vit import data, defaults, optimization, runs
+from keras_vit import defaults, optimization, runs
 from keras_vit import validation as check
 from keras_vit.catalog import model_entry
 from keras_vit.datasets import load_dataset
@@ -43,6 +49,9 @@ from keras_vit.pretrained import checkpoint_record
 from keras_vit.recipes import FINE_TUNING, FROM_SCRATCH, Recipe, get_recipe
 from keras_vit.variants import VARIANTS, ViTConfig, model_config
 
+if TYPE_CHECKING:
+    from keras_vit import data
+
 __all__ = [
     "TrainingResult",
     "finetune",
@@ -50,6 +59,18 @@ __all__ = [
     "model_config",
     "train",
 ]
+
+
+def input_module():
+    """The input pipelines of this backend: `keras_vit.data` (tf.data) on TensorFlow, else
+    `keras_vit.pyinput` (a `keras.utils.PyDataset`); both have the functions used here."""
+    if keras.backend.backend() == "tensorflow":
+        from keras_vit import data
+
+        return data
+    from keras_vit import pyinput
+
+    return pyinput
 
 
 @dataclass
@@ -105,7 +126,7 @@ def train(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     options: ClassifierOptions,
 ) -> TrainingResult:
-    """Train (or fine-tune) a ViT with `model.fit` under a tf.distribute strategy; resumable exactly.
+    """Train (or fine-tune) a ViT with `model.fit` on any backend; resumable exactly.
 
     Args:
         model: a variant (`"vit_b16"`), a small registry model (`"vit_digits"`) or a `ViTConfig`.
@@ -181,7 +202,7 @@ class ClassificationTask:
                 "classifier needs at least two (with one, every prediction is right and nothing is "
                 "learned). Add a folder of images per class, or use keras-vit pretrain for unlabeled images."
             )
-        return data.epoch_steps(self.train_source, batch_size)
+        return input_module().epoch_steps(self.train_source, batch_size)
 
     def sources(self) -> list[data.Source]:
         """The sources read so far (for naming undecodable files)."""
@@ -234,13 +255,14 @@ class ClassificationTask:
 
     def _preprocessing(self, network: keras.Model) -> tuple[tuple[int, int], tuple, tuple, str]:
         entry = model_entry(network)
-        mean, std = data.normalisation_for(network)
+        mean, std = input_module().normalisation_for(network)
         interpolation = (entry.interpolation if entry is not None else None) or "bilinear"
         return tuple(network.input_shape[1:3]), mean, std, interpolation
 
-    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset:
+    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int):
+        """tf.data batches on TensorFlow, a `keras.utils.PyDataset` elsewhere: the same plan."""
         image_size, mean, std, interpolation = self._preprocessing(network)
-        return data.train_pipeline(
+        return input_module().train_pipeline(
             self.train_source,
             image_size=image_size,
             batch_size=self.options.batch_size,
@@ -257,15 +279,31 @@ class ClassificationTask:
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
         # The paper evaluates on the plain resized image, resized here as train_pipeline resizes.
         image_size, mean, std, interpolation = self._preprocessing(network)
-        eval_spec = data.Preprocessing(image_size, mean, std, None, interpolation, resampler="tensorflow")
-        test_data = data.eval_pipeline(self.test_source, eval_spec, batch_size=self.options.batch_size)
-        test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
+        inputs = input_module()
+        eval_spec = inputs.Preprocessing(image_size, mean, std, None, interpolation, resampler="tensorflow")
+        if keras.backend.backend() == "tensorflow":
+            test_data = inputs.eval_pipeline(self.test_source, eval_spec, batch_size=self.options.batch_size)
+            test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
+        else:
+            test_loss, test_accuracy = self._held_out_metrics(network, eval_spec)
         return {
             "accuracy": float(test_accuracy),
             "loss": float(test_loss),
             "test_examples": self.test_source.num_examples,
             "ema": self.options.ema_momentum is not None,
         }
+
+    def _held_out_metrics(self, network: keras.Model, eval_spec) -> tuple[float, float]:
+        """The held-out loss and accuracy off TensorFlow: predictions of full batches (the last one
+        padded, so that every batch splits between data-parallel devices), the padding dropped,
+        then the compiled loss and top-1 accuracy over the real examples."""
+        from keras_vit import pyinput
+
+        source = self.test_source
+        batches = pyinput.eval_pipeline(source, eval_spec, batch_size=self.options.batch_size, pad=True)
+        logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
+        loss = keras.ops.convert_to_numpy(network.loss(source.labels, logits))
+        return float(loss), float((logits.argmax(axis=-1) == source.labels).mean())
 
     def saved_model(self, network: keras.Model) -> keras.Model:
         return network
@@ -276,7 +314,7 @@ class ClassificationTask:
         image_size, mean, std, interpolation = self._preprocessing(network)
         from_checkpoint = options.pretrained is not False and options.pretrained is not None
         start = "from a checkpoint" if from_checkpoint else "from scratch"
-        tfds_name = not isinstance(self.dataset, tuple) and not data.is_folder_name(self.dataset)
+        tfds_name = not isinstance(self.dataset, tuple) and not input_module().is_folder_name(self.dataset)
         tfds_name = tfds_name and os.fspath(self.dataset) != defaults.DATASET
         return {
             "recipe": self.recipe.name,

@@ -96,7 +96,7 @@ def test_tensorflow_only_features_stop_at_once_on_another_backend(tmp_path):
     code = (
         "import keras_vit, keras\n"
         "try:\n"
-        f"    keras_vit.training.train(output_dir={str(tmp_path)!r}, steps=1)\n"
+        f"    keras_vit.pretrain.pretrain(output_dir={str(tmp_path)!r}, steps=1)\n"
         "except RuntimeError as error:\n"
         "    print(error)\n"
     )

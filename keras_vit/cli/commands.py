@@ -457,7 +457,6 @@ def _options(args) -> dict:
 
 def run_train(args) -> int:
     """`train` and `finetune`: `keras_vit.training.train` with the command's recipe."""
-    require_tensorflow_backend(f"keras-vit {args.command}")  # before TensorFlow is imported
     from keras_vit import training
 
     result = training.train(_model_config(args), args.dataset, recipe=args.recipe, **_options(args))

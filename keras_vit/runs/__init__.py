@@ -8,7 +8,8 @@ One room per responsibility:
 * `keras_vit.runs.backup`: exact resume (`EpochBackup`: the complete training state written
   atomically after each epoch) and the atomic JSON writer;
 * `keras_vit.runs.report`: arguments named the same way in every process, for report.json;
-* `keras_vit.runs.strategy`: the tf.distribute strategy a run starts under.
+* `keras_vit.runs.strategy`: the tf.distribute strategy a run starts under on TensorFlow,
+  `keras_vit.runs.keras_distribution` its keras.distribution on JAX (one device on PyTorch).
 
 What a run takes is declared in `keras_vit.options`, how it trains in `keras_vit.recipes`, and
 the augmentation that suits its data in `keras_vit.data.Source`. The names below stay importable
@@ -28,7 +29,18 @@ from keras_vit.runs.driver import (
 )
 from keras_vit.runs.plan import MAX_STEPS_PER_EPOCH, execution_steps, plan_steps
 from keras_vit.runs.report import describe, json_safe, optimizer_summary, resolve_paths, run_arguments
-from keras_vit.runs.strategy import start_run, strategy_name, worker_dir
+
+_TENSORFLOW_NAMES = ("start_run", "strategy_name", "worker_dir")  # keras_vit.runs.strategy's: imported on use
+
+
+def __getattr__(name: str):
+    """`start_run`, `strategy_name`, `worker_dir`: TensorFlow's, loaded on first use only."""
+    if name in _TENSORFLOW_NAMES:
+        from keras_vit.runs import strategy
+
+        return getattr(strategy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MAX_STEPS_PER_EPOCH",

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import keras
-import tensorflow as tf
 
-from keras_vit import data, environment
+from keras_vit import environment
 from keras_vit.defaults import LABELS_FILE
 from keras_vit.files import RunLock, refuse_overlap, replace_file
 from keras_vit.options import RunOptions
@@ -39,7 +38,6 @@ from keras_vit.recipes import Recipe
 from keras_vit.runs.backup import BackupMismatchError, EpochBackup, remove_backup, write_json
 from keras_vit.runs.plan import execution_steps, plan_steps
 from keras_vit.runs.report import now, resolve_paths, run_report
-from keras_vit.runs.strategy import describe_distribution, is_chief, start_run, worker_dir
 
 __all__ = [
     "NonFiniteLossError",
@@ -63,7 +61,11 @@ _LOG_FOLDERS = ("train", "validation")
 
 
 def tensorboard_callbacks(log_dir: str) -> list[keras.callbacks.Callback]:
-    """The TensorBoard callback, or none (with a notice) when the `tensorboard` package is missing."""
+    """The TensorBoard callback, or none (with a notice) off TensorFlow or without `tensorboard`."""
+    backend = keras.backend.backend()
+    if backend != "tensorflow":  # Keras's TensorBoard callback writes through tf.summary
+        _say(f"no TensorBoard logs on {backend} (Keras writes them through TensorFlow).")
+        return []
     try:
         import tensorboard  # noqa: F401  (tf.summary needs it to write scalars)
     except ImportError:
@@ -89,7 +91,8 @@ class Task(Protocol):
     return the steps of one pass), `build()` inside `strategy.scope()` and the run's dtype
     policy (the Keras model to fit), `compile(network, total_steps, jit_compile,
     steps_per_execution)` (Keras's `compile` arguments of the same names),
-    `train_data(network, start_epoch, steps_per_epoch)`; after `fit`, `finish(network,
+    `train_data(network, start_epoch, steps_per_epoch)` (a tf.data dataset on TensorFlow, a
+    `keras.utils.PyDataset` elsewhere); after `fit`, `finish(network,
     history)` (the task's metrics for the report, `history` being the whole run's per-epoch
     logs), `saved_model(network)` (what the chief saves as `output_dir/<saved_file>`) and
     `describe(network)`: the values the run used, for the report (`recipe`, `checkpoint`,
@@ -108,7 +111,7 @@ class Task(Protocol):
         self, network: keras.Model, total_steps: int, jit_compile: bool, steps_per_execution: int
     ) -> None: ...
 
-    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset: ...
+    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int): ...
 
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict: ...
 
@@ -116,7 +119,19 @@ class Task(Protocol):
 
     def describe(self, network: keras.Model) -> dict: ...
 
-    def sources(self) -> list[data.Source]: ...
+    def sources(self) -> list: ...
+
+
+def distribution_module():
+    """Where a run's distribution comes from: `keras_vit.runs.strategy` (tf.distribute) on
+    TensorFlow, `keras_vit.runs.keras_distribution` (keras.distribution, JAX) elsewhere."""
+    if keras.backend.backend() == "tensorflow":
+        from keras_vit.runs import strategy
+
+        return strategy
+    from keras_vit.runs import keras_distribution
+
+    return keras_distribution
 
 
 def _say(message: str) -> None:
@@ -195,36 +210,39 @@ def fit_task(
     options: RunOptions,
     callbacks: Sequence[keras.callbacks.Callback] = (),
 ) -> RunResult:
-    """The one training driver: `model.fit` of `task` under a tf.distribute strategy, resumable exactly.
+    """The one training driver: `model.fit` of `task` on any backend, resumable exactly.
 
-    Every task gets the same run from `options`: strategy and seeds (`start_run`), the length
-    plan (`plan_steps`; default `task.recipe.epochs` passes), exact resume from the per-epoch
-    `EpochBackup` in `output_dir/backup` (a run started again with the same `arguments`
-    continues bit for bit), the dtype policy `precision` while building, XLA (`jit_compile`
-    `"auto"`: on for a single replica), several steps per call (`steps_per_execution`, see
-    `execution_steps`; results are the same for any value, so resuming may change it),
-    TensorBoard logs and progress, and a report with the task's metrics, timings, versions
-    and the arguments.
+    Every task gets the same run from `options`: the distribution and seeds (`start_run`: a
+    tf.distribute strategy on TensorFlow, keras.distribution on JAX, one device on PyTorch;
+    see `distribution_module`), the length plan (`plan_steps`; default `task.recipe.epochs`
+    passes), exact resume from the per-epoch `EpochBackup` in `output_dir/backup` (a run
+    started again with the same `arguments` continues bit for bit), the dtype policy
+    `precision` while building, XLA (`jit_compile` `"auto"`: on TensorFlow for a single
+    replica, always on JAX, off on PyTorch), several steps per call (`steps_per_execution`,
+    see `execution_steps`; results are the same for any value, so resuming may change it),
+    TensorBoard logs (TensorFlow) and progress, and a report with the task's metrics,
+    timings, versions, the backend and its devices, and the arguments.
 
     The output folder is locked while the run writes to it (`keras_vit.files.RunLock`: a
     second run there stops with an error naming the first one's process) and must not hold
     the data or the checkpoint; what the run does with what the folder holds (resume, start,
     refuse, replace with `overwrite`) is `open_run_folder`'s decision, printed to stderr.
     """
-    environment.require_tensorflow_backend("The training driver (keras_vit.training, keras_vit.pretrain)")
     options.check()  # every value before anything runs: NaN or 0 never reach the plan
     run_started, started_at = time.perf_counter(), now()
-    strategy = start_run(options.strategy, options.precision, options.batch_size, options.seed)
+    distribution = distribution_module()
+    strategy = distribution.start_run(options.strategy, options.precision, options.batch_size, options.seed)
     output_dir = os.fspath(options.output_dir)
-    chief = is_chief(strategy)
-    backup_dir = worker_dir(os.path.join(output_dir, "backup"), strategy)
+    chief = distribution.is_chief(strategy)
+    backup_dir = distribution.worker_dir(os.path.join(output_dir, "backup"), strategy)
     refuse_overlap(output_dir, [arguments.get(name) for name in _INPUT_ARGUMENTS])
     with RunLock(output_dir if chief else backup_dir):  # released however the run ends
         run = {key: value for key, value in arguments.items() if key not in _FREE_ON_RESUME}
         backup = open_run_folder(
             output_dir, backup_dir, task.saved_file, resolve_paths(run), options.overwrite, chief
         )
-        result = _fit(task, arguments, options, callbacks, strategy, backup, timing=(run_started, started_at))
+        with distribution.activated(strategy):
+            result = _fit(task, arguments, options, callbacks, strategy, backup, (run_started, started_at))
     if not chief:
         remove_backup(backup_dir)  # the worker's lock file was in it
     return result
@@ -243,10 +261,14 @@ def _fit(
     batch_size, precision, seed = options.batch_size, options.precision, options.seed
     run_started, started_at = timing
     output_dir = os.fspath(options.output_dir)
-    chief = is_chief(strategy)
+    distribution = distribution_module()
+    chief = distribution.is_chief(strategy)
     jit_compile = options.jit_compile
-    if jit_compile == "auto":
-        jit_compile = strategy.num_replicas_in_sync == 1
+    if (
+        jit_compile == "auto"
+    ):  # JAX: always (un-jitted steps are slow); PyTorch: off (torch.compile starts slowly)
+        backend = keras.backend.backend()
+        jit_compile = backend == "jax" or (backend == "tensorflow" and strategy.num_replicas_in_sync == 1)
     epochs = options.epochs
     if options.steps is None and epochs is None:
         epochs = task.recipe.epochs
@@ -254,9 +276,15 @@ def _fit(
         task.prepare(batch_size), options.steps, epochs, options.steps_per_epoch
     )
     total_steps = steps_per_epoch * fit_epochs
-    steps_per_execution = execution_steps(
-        steps_per_epoch, options.steps_per_execution, strategy.num_replicas_in_sync
-    )
+    requested_steps = options.steps_per_execution
+    if keras.backend.backend() == "torch":  # Keras's PyTorch trainer runs one step per call
+        if requested_steps not in ("auto", 1):
+            raise ValueError(
+                f"steps_per_execution {requested_steps} is not possible on PyTorch (Keras runs one step "
+                "per call there): leave it 'auto' or pass 1."
+            )
+        requested_steps = 1
+    steps_per_execution = execution_steps(steps_per_epoch, requested_steps, strategy.num_replicas_in_sync)
     start_epoch = min(backup.epoch, fit_epochs)
 
     previous_policy = keras.config.dtype_policy()
@@ -305,7 +333,7 @@ def _fit(
         batch_size=batch_size,
         precision=precision,
         seed=seed,
-        distribution=describe_distribution(strategy),
+        distribution={"backend": keras.backend.backend(), **distribution.describe_distribution(strategy)},
         fit_seconds=fit_seconds,
         seconds=time.perf_counter() - started,
         started_at=started_at,
@@ -365,6 +393,11 @@ def fit_checked(
     folder becomes `keras_vit.data.BadImageError` naming the files that fail to decode.
     """
     output_dir = os.fspath(options.output_dir)
+    decoding_errors = ()  # what reading a changed image file raises, off TensorFlow: Pillow's own error
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        decoding_errors = (tf.errors.InvalidArgumentError,)
     try:
         return fit_task(task, arguments, options, [*callbacks, StopOnNonFiniteLoss()])
     except NonFiniteLossError as error:
@@ -374,7 +407,9 @@ def fit_checked(
             {"status": "failed", "error": str(error), "finished_at": None, "arguments": arguments},
         )
         raise
-    except tf.errors.InvalidArgumentError:
+    except decoding_errors:
+        from keras_vit import data
+
         bad = [item for source in task.sources() for item in data.undecodable_files(source)]
         if not bad:
             raise

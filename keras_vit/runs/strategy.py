@@ -1,12 +1,13 @@
 """The TensorFlow side of a run: the tf.distribute strategy, its devices and each worker's folder.
 
 The driver (`keras_vit.runs.driver`) asks this module only to start the run (`start_run`)
-and to name the replicas' devices; another backend's distribution (keras.distribution on JAX)
-would answer the same questions beside it.
+and to name the replicas' devices; on JAX and PyTorch `keras_vit.runs.keras_distribution`
+answers the same questions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import keras
@@ -15,7 +16,15 @@ import tensorflow as tf
 from keras_vit.defaults import PRECISIONS
 from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
 
-__all__ = ["describe_distribution", "devices", "is_chief", "start_run", "strategy_name", "worker_dir"]
+__all__ = [
+    "activated",
+    "describe_distribution",
+    "devices",
+    "is_chief",
+    "start_run",
+    "strategy_name",
+    "worker_dir",
+]
 
 
 def start_run(
@@ -38,6 +47,11 @@ def start_run(
         )
     keras.utils.set_random_seed(seed)
     return strategy
+
+
+def activated(strategy: tf.distribute.Strategy) -> contextlib.AbstractContextManager:
+    """Nothing to activate for the whole run: the model is built in `strategy.scope()`, fit takes the rest."""
+    return contextlib.nullcontext()
 
 
 def worker_dir(root: str, strategy: tf.distribute.Strategy) -> str:

@@ -1,0 +1,78 @@
+"""Run by tests/test_backend_training.py under `KERAS_BACKEND=jax|torch` with TensorFlow blocked
+(importing it raises `ImportError`, as where it is not installed):
+
+    python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json [slow]
+
+Calls `keras_vit.training.train(**ARGUMENTS)` (a `model` given as a dict is a `ViTConfig`,
+`model_parallel: N` the strategy `keras_vit.parallel.make_distribution(N, model=model)`;
+`slow`: every training step slowed by 0.3 s, so a test can kill the run mid-way) and writes
+`OUT.json`: the report's accuracy, backend, distribution, steps, history and start epoch, the
+SHA-256 of the final weights' bytes (in `model.weights` order) and which TensorFlow modules it
+tried to import and imported (none, if it holds).
+"""
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import json
+import sys
+import time
+from pathlib import Path
+
+ATTEMPTS = []  # every import of TensorFlow tried (not a mere look-up), even one whose ImportError was caught
+
+
+class _NoTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """TensorFlow's modules are found (PyTorch's dynamo only looks them up) but cannot be imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "tensorflow":
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+
+    def create_module(self, spec):
+        ATTEMPTS.append(spec.name)
+        raise ImportError(f"{spec.name} is blocked: training on JAX or PyTorch must not need TensorFlow")
+
+    def exec_module(self, module):  # never reached (create_module raises); makes imports call create_module
+        raise ImportError(f"{module.__name__} is blocked")
+
+
+sys.meta_path.insert(0, _NoTensorFlow())
+
+import keras  # noqa: E402
+
+from keras_vit import ViTConfig, training  # noqa: E402
+
+
+class _Slow(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.3)
+
+
+arguments_path, out_path, *mode = sys.argv[1:]
+arguments = json.loads(Path(arguments_path).read_text())
+if isinstance(arguments.get("model"), dict):
+    arguments["model"] = ViTConfig.from_dict(arguments["model"])
+if "model_parallel" in arguments:  # a keras.distribution object, made here (JSON cannot hold it)
+    from keras_vit.parallel import make_distribution
+
+    model_parallel = arguments.pop("model_parallel")
+    arguments["strategy"] = make_distribution(model_parallel, model=arguments["model"])
+result = training.train(**arguments, callbacks=[_Slow()] if mode == ["slow"] else [])
+digest = hashlib.sha256()
+for weight in result.model.weights:
+    digest.update(keras.ops.convert_to_numpy(weight).tobytes())
+report = result.report
+summary = {
+    key: report.get(key)
+    for key in ("accuracy", "backend", "strategy", "replicas", "devices", "mesh", "steps", "history")
+}
+summary["resumed_from_epoch"] = report["resumed_from_epoch"]
+summary.update(
+    backend_in_process=keras.backend.backend(),
+    weights_sha256=digest.hexdigest(),
+    tensorflow_import_attempts=sorted(set(ATTEMPTS)),
+    tensorflow_imported=sorted(name for name in sys.modules if name.partition(".")[0] == "tensorflow"),
+)
+Path(out_path).write_text(json.dumps(summary))

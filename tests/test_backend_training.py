@@ -1,0 +1,230 @@
+"""The training driver on JAX and PyTorch: runs without TensorFlow, its PyDataset input
+(`keras_vit.pyinput`) deterministic in (seed, epoch, index), exact resume on JAX after SIGKILL.
+
+The runs are subprocesses with `KERAS_BACKEND` set and TensorFlow blocked
+(`tests/helpers/backend_training_worker.py`); the input tests run in this process (NumPy).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import subprocess_env
+
+from keras_vit import pyinput
+
+WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
+TIMEOUT = 600
+TINY_MODEL = {
+    "name": "vit_tiny_test",
+    "patch_size": 8,
+    "hidden_size": 32,
+    "depth": 2,
+    "num_heads": 2,
+    "mlp_dim": 64,
+    "image_size": 16,
+}
+# The digits, the from-scratch recipe (AdamW, mixup, stochastic depth, dropout 0.1): 4 epochs of 2 steps.
+TINY_RUN = {"model": TINY_MODEL, "batch_size": 16, "steps": 8, "steps_per_epoch": 2, "verbose": 0}
+
+
+def _worker(backend: str, arguments: dict, folder: Path, *mode: str, **env) -> subprocess.Popen:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "arguments.json").write_text(json.dumps(arguments))
+    command = [sys.executable, str(WORKER), str(folder / "arguments.json"), str(folder / "out.json"), *mode]
+    return subprocess.Popen(
+        command,
+        env=subprocess_env(KERAS_BACKEND=backend, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _finished(process: subprocess.Popen, folder: Path) -> dict:
+    log = process.communicate(timeout=TIMEOUT)[0]
+    assert process.returncode == 0, log[-3000:]
+    return json.loads((folder / "out.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "backend, devices, extra, distribution",
+    [
+        ("jax", 2, {}, ("DataParallel", 2, {"shape": [2], "axis_names": ["batch"]})),
+        (
+            "jax",
+            4,
+            {"model_parallel": 2},
+            ("ModelParallel", 2, {"shape": [2, 2], "axis_names": ["batch", "model"]}),
+        ),
+        ("torch", 1, {}, ("default (one device)", 1, None)),
+    ],
+    ids=["jax-data-parallel", "jax-model-parallel", "torch"],
+)
+def test_digits_run_without_tensorflow(backend, devices, extra, distribution, tmp_path):
+    """A short run of the main job's data trains, saves and reports without importing TensorFlow.
+    On JAX (forced CPU devices) it is data parallel over every device by default, or model
+    parallel with `keras_vit.parallel.make_distribution(2, model=...)` as its strategy."""
+    output_dir = tmp_path / "run"
+    process = _worker(
+        backend,
+        {**TINY_RUN, "output_dir": str(output_dir), "steps": 4, **extra},
+        tmp_path,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
+    result = _finished(process, tmp_path)
+    assert result["tensorflow_imported"] == [] and result["tensorflow_import_attempts"] == []
+    assert sorted(os.listdir(output_dir)) == ["labels.txt", "model.keras", "report.json"]
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["backend"] == backend == result["backend_in_process"]
+    assert (report["strategy"], report["replicas"], report.get("mesh")) == distribution
+    assert len(report["devices"]) == devices
+    assert report["steps"] == 4 and 0.0 <= report["accuracy"] <= 1.0
+    assert report["hyperparameters"]["mixup_alpha"] > 0  # the recipe's mixup ran through the PyDataset
+
+
+def test_strategy_of_tensorflow_on_jax_is_one_error_and_writes_nothing(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_vit.cli", "train", "--strategy", "tpu", "--output-dir", "run"],
+        env=subprocess_env(KERAS_BACKEND="jax"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("keras-vit: error:")]
+    assert len(errors) == 1 and "strategy 'tpu' is TensorFlow's" in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and os.listdir(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return pyinput.load_digits()[0]
+
+
+def _pipeline(source, **overrides):
+    arguments = dict(image_size=16, batch_size=8, seed=3, steps_per_epoch=5, mixup_alpha=0.2)
+    return pyinput.train_pipeline(source, **{**arguments, **overrides})
+
+
+@pytest.mark.parametrize("start_epoch", [0, 2])
+def test_batches_are_a_function_of_seed_epoch_and_index(digits, start_epoch):
+    """Batch i of epoch e is the same read in any order, from a pipeline built at any epoch."""
+    reference = _pipeline(digits)
+    resumed = _pipeline(digits, start_epoch=start_epoch)
+    for epoch, index in [(3, 4), (2, 0), (3, 1)]:  # out of order
+        expected = reference[epoch * 5 + index]
+        for got in (resumed[(epoch - start_epoch) * 5 + index], resumed.batch(epoch, index)):
+            np.testing.assert_array_equal(got[0], expected[0])
+            np.testing.assert_array_equal(got[1], expected[1])
+    other_seed = _pipeline(digits, seed=4).batch(3, 4)
+    assert not np.array_equal(other_seed[0], reference.batch(3, 4)[0])
+    assert not np.array_equal(reference.batch(3, 3)[0], reference.batch(3, 4)[0])
+
+
+def test_passes_are_permutations_and_mixup_mixes_labels(digits):
+    plain = _pipeline(digits, mixup_alpha=0.0, augment=False, batch_size=digits.num_examples // 2)
+    labels = np.concatenate([plain.batch(0, 0)[1], plain.batch(0, 1)[1]])
+    # One pass: every example once (the pass is a permutation), so the label counts are the source's.
+    assert np.bincount(labels, minlength=10).tolist() == list(digits.class_counts)
+    images, mixed = _pipeline(digits).batch(1, 2)
+    assert images.shape == (8, 16, 16, 3) and images.dtype == np.float32 and mixed.shape == (8, 10)
+    # Mixup's own random stream: the unmixed batch is the same examples, blended with their reverse.
+    unmixed_images, labels = _pipeline(digits, mixup_alpha=0.0).batch(1, 2)
+    one_hot = np.eye(10, dtype="float32")[labels]
+    difference = (one_hot - one_hot[::-1]).ravel()
+    weight = float(np.dot(mixed.ravel() - one_hot[::-1].ravel(), difference) / np.dot(difference, difference))
+    assert 0.0 < weight < 1.0
+    np.testing.assert_allclose(mixed, weight * one_hot + (1 - weight) * one_hot[::-1], atol=1e-6)
+    expected = weight * unmixed_images + (1 - weight) * unmixed_images[::-1]
+    np.testing.assert_allclose(images, expected, atol=1e-5)
+
+
+def test_augmentation_follows_the_source_and_the_options():
+    """The digits: no flips and gentle crops; a flip-only run of a half-black image is mirrored
+    about half the time; without augmentation the batch is the plain resize (the evaluation's)."""
+    image = np.zeros((1, 8, 8, 3), "uint8")
+    image[:, :, :4] = 255  # the left half white
+    source = pyinput.from_arrays(np.repeat(image, 64, axis=0), np.arange(64) % 2)
+    assert pyinput.load_digits()[0].augmentation() == {"crop_scale": (0.7, 1.0), "flip": False}
+    flipping = pyinput.train_pipeline(
+        source, image_size=8, batch_size=64, seed=0, crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip=True
+    )
+    left_white = flipping.batch(0, 0)[0][:, 4, 1, 0] > 0
+    assert 10 < left_white.sum() < 54  # mirrored for some examples, not for others
+    plain = pyinput.train_pipeline(source, image_size=8, batch_size=64, seed=0, augment=False).batch(0, 0)[0]
+    spec = pyinput.Preprocessing(8, crop_pct=None, interpolation="bilinear")
+    evaluated = pyinput.eval_pipeline(source, spec, batch_size=64)[0][0]
+    np.testing.assert_allclose(plain, evaluated, atol=1e-6)
+
+
+def _state_epoch(backup: Path) -> int:
+    try:
+        return json.loads((backup / "state.json").read_text())["epoch"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+def test_sigkill_resume_on_jax_is_bit_identical(tmp_path):
+    """A JAX run killed after an epoch and started again ends with the same weights, bit for bit,
+    and the same history as an uninterrupted run: its input restarts at the epoch (pure in
+    (seed, epoch, index)) and its state comes from the backup."""
+    reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
+    reference = _worker("jax", {**TINY_RUN, "output_dir": str(reference_dir / "run")}, reference_dir)
+    killed = _worker("jax", {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir, "slow")
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while _state_epoch(resumed_dir / "run" / "backup") < 1 and killed.poll() is None:
+            assert time.monotonic() < deadline, "the slowed run never finished an epoch"
+            time.sleep(0.05)
+        os.kill(killed.pid, signal.SIGKILL)
+        assert killed.wait(timeout=30) == -signal.SIGKILL
+        first = _finished(reference, reference_dir)
+    finally:
+        for process in (reference, killed):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    killed_at = _state_epoch(resumed_dir / "run" / "backup")
+    assert 1 <= killed_at < 4 and not (resumed_dir / "run" / "model.keras").exists()
+    second = _finished(
+        _worker("jax", {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir), resumed_dir
+    )
+    assert second["resumed_from_epoch"] == killed_at and first["resumed_from_epoch"] == 0
+    assert first["steps"] == second["steps"] == 8 and second["history"] == first["history"]
+    assert first["weights_sha256"] == second["weights_sha256"]
+    assert first["accuracy"] == second["accuracy"]
+    assert second["tensorflow_import_attempts"] == []
+
+
+def test_image_folder_reads_as_tf_data_reads_it(tmp_path):
+    """An image folder without TensorFlow: the same classes, files, labels and pixels as
+    `keras_vit.data.from_directory` (Pillow decodes; TensorFlow decodes as Pillow does), and a
+    damaged file is refused by both, naming it."""
+    from PIL import Image
+
+    from keras_vit import data
+
+    rng = np.random.default_rng(0)
+    for index, name in enumerate(["cat", "cat", "dog", "dog", "dog"]):
+        (tmp_path / "images" / name).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (12 + index, 10, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "images" / name / f"{index}.png")
+    Image.fromarray(pixels).save(tmp_path / "images" / "dog" / "5.jpg", quality=90)
+    ours, theirs = pyinput.from_directory(tmp_path / "images"), data.from_directory(tmp_path / "images")
+    assert (ours.class_names, ours.files, ours.class_counts) == (theirs.class_names, theirs.files, (2, 4))
+    for index, (image, label) in enumerate(theirs.dataset.as_numpy_iterator()):
+        np.testing.assert_array_equal(ours.read(index)[0], image)
+        assert ours.read(index)[1] == label == ours.labels[index]
+    (tmp_path / "images" / "dog" / "6.png").write_bytes(b"not an image")
+    for reader in (pyinput.from_directory, data.from_directory):
+        with pytest.raises(ValueError, match="6.png"):
+            reader(tmp_path / "images")
