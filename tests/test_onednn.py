@@ -64,7 +64,9 @@ def test_parity_holds_with_onednn_the_other_way():
         "tests/test_hybrid.py::test_logits_match_timm",
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *selection],
+        # -n 0: in this one process (setup.cfg's `-n auto` would start test workers inside a test worker)
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "not slow",
+         *selection],
         env=subprocess_env(**{ONEDNN_VARIABLE: other}), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
