@@ -183,7 +183,7 @@ def from_directory(
     as Pillow decodes them (`keras_vit.tf_preprocessing.decode_image`).
 
     Every file is checked first: Pillow reads its header and checks its structure
-    (`_image_problem`), then the files are decoded once as training decodes them
+    (`keras_vit.pyinput.image_problem`), then the files are decoded once as training decodes them
     (`_decode_problems`). A file that is no image, is damaged (even mid-file, with its header
     and end marker intact) or truncated, or has more than `max_pixels` pixels (`None`: no
     limit) is bad.

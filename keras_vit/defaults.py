@@ -22,6 +22,7 @@ STEPS_PER_EXECUTION_CAP = 32
 # The class names of a trained classifier, one per line in head order, written next to model.keras
 # (and read by `keras-vit export --model RUN/model.keras`).
 LABELS_FILE = "labels.txt"
+METADATA_FILE = "keras_vit.json"  # what keras_vit.save_pretrained writes beside the weights
 
 # Masked patch prediction's task (paper App. B.1.2; keras_vit.masked_patch, keras-vit pretrain).
 MPP_BITS = 3

@@ -60,6 +60,7 @@ from keras_vit.converters import (
     read_checkpoint,
 )
 from keras_vit.converters.loading import read_hf_config
+from keras_vit.defaults import METADATA_FILE
 from keras_vit.files import ChecksumError, file_sha256, json_sha256
 from keras_vit.variants import ViTConfig, architecture, config_of, get_config, variant_for
 
@@ -91,7 +92,6 @@ DEFAULT_FILENAME = "model.safetensors"
 # `pretrained="hf-hub:org/name"`: a Hub repo, e.g. one `keras_vit.push_to_hub` wrote, whose
 # `keras_vit.json` names the weights file, its format and the model's exact config.
 HUB_PREFIX = "hf-hub:"
-METADATA_FILE = "keras_vit.json"
 _CHECKPOINT_SUFFIXES = (".safetensors", ".npz", ".bin", ".pt", ".pth")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # How long a TCP connection to the hub may take before the machine counts as offline.

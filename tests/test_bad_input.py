@@ -26,7 +26,7 @@ from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 import keras_vit
-from keras_vit import cli, data, pretrain, runs, training, validation
+from keras_vit import cli, data, pretrain, pyinput, runs, training, validation
 from keras_vit.converters import CheckpointError, load_checkpoint, read_checkpoint
 from keras_vit.converters.resnet_stem import stem_name_map, stem_weights
 from keras_vit.masked_patch import to_classifier
@@ -775,7 +775,7 @@ def test_edge_file_tensorflow_cannot_decode_is_named_after_the_fit_fails(tmp_pat
     root = _image_folder(tmp_path / "images", size=16)
     bad = root / "train" / "a" / "3.png"
     bad.write_bytes(bad.read_bytes()[:-30])  # the end cut off: caught by decoding only
-    monkeypatch.setattr(data, "_image_problem", lambda path, max_pixels: None)  # as if the check passed
+    monkeypatch.setattr(pyinput, "image_problem", lambda path, max_pixels: None)  # as if the check passed
     monkeypatch.setattr(data, "_decode_problems", lambda paths: {})
     with pytest.raises(data.BadImageError, match=rf"TensorFlow cannot decode 1 image file\(s\): {bad}"):
         training.train(

@@ -1,12 +1,15 @@
 """The `keras-vit` command line and the README's main job (examples/classify.py), offline."""
 
+import json
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
+from helpers import subprocess_env
 from helpers.checkpoint_writers import random_timm_vit, save_timm_safetensors, to_torch
 from PIL import Image
 
@@ -119,3 +122,43 @@ def test_cli_defaults_are_the_library_defaults(command, function):
         assert value == parameter.default, (flag, value, parameter.default)
         checked += 1
     assert checked >= 12, checked
+
+
+def test_refusals_come_before_the_backend_is_imported(tmp_path):
+    """A missing file or a flag the mode cannot honour is refused before TensorFlow, Keras or
+    another backend is imported: the error comes in a fraction of a second, not after the imports."""
+    missing = str(tmp_path / "missing")
+    refused = {
+        "predict": ["predict", missing + ".jpg"],
+        "inspect": ["inspect", missing + ".jpg"],
+        "checkpoint": ["checkpoint", missing + ".npz"],
+        "convert": ["convert", missing + ".keras", str(tmp_path / "out"), "--to", "timm"],
+        "export": ["export", str(tmp_path / "export"), "--format", "onnx", "--version", "2"],
+        "push": ["push", missing + ".keras", "user/name", "--model", "vit_ti16"],
+    }
+    code = (
+        "import contextlib, io, json, sys\n"
+        "from keras_vit.cli import main\n"
+        "results = {}\n"
+        f"for name, argv in {refused!r}.items():\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        status = main(argv)\n"
+        "    results[name] = [status, err.getvalue().strip()]\n"
+        "heavy = sorted(m for m in ('tensorflow', 'keras', 'torch', 'jax') if m in sys.modules)\n"
+        "print(json.dumps({'results': results, 'imported': heavy}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=subprocess_env()
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["imported"] == []
+    for name, (status, message) in report["results"].items():
+        assert status == 1 and message.startswith("keras-vit: error: ") and "\n" not in message, name
+    assert "does not exist" in report["results"]["predict"][1]
+    assert "--version cannot be used with --format onnx" in report["results"]["export"][1]
+    assert (
+        "--model cannot be used" in report["results"]["push"][1]
+        or "does not exist" in report["results"]["push"][1]
+    )

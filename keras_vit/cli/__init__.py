@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     enable_onednn()  # before TensorFlow is imported, by this command or later in the process
     try:
+        if getattr(args, "check", None):
+            args.check(args)  # the command's checks that need no backend: an error in a fraction of a second
         if getattr(args, "needs_backend", True):
             load_backend(args.debug)
         return args.run(args)

@@ -18,6 +18,12 @@ from keras_vit.validation import existing_file, output_file, output_folder
 MODEL = "vit_b16"  # --model's default (predict, inspect, export, convert, push)
 
 __all__ = [
+    "check_checkpoint",
+    "check_convert",
+    "check_export",
+    "check_inspect",
+    "check_predict",
+    "check_push",
     "run_checkpoint",
     "run_convert",
     "run_export",
@@ -61,6 +67,10 @@ def run_pretrained(args) -> int:
     return 0
 
 
+def check_checkpoint(args) -> None:
+    existing_file("checkpoint", args.checkpoint)
+
+
 def run_checkpoint(args) -> int:
     from keras_vit.converters import inspect_checkpoint
 
@@ -87,9 +97,7 @@ def refuse_flags(args, dests: tuple[str, ...], why: str) -> None:
 
 def _holds_weights(model: str) -> bool:
     """Whether `model` names what holds its own weights: a .keras file or a save_pretrained folder."""
-    from keras_vit.pretrained import METADATA_FILE
-
-    return model.endswith(".keras") or os.path.isfile(os.path.join(model, METADATA_FILE))
+    return model.endswith(".keras") or os.path.isfile(os.path.join(model, defaults.METADATA_FILE))
 
 
 def _is_checkpoint(model: str) -> bool:
@@ -168,7 +176,7 @@ def _shared_class_names(args) -> list[str] | None:
     return read_metadata(args.model).get("labels")
 
 
-def run_predict(args) -> int:
+def check_predict(args) -> None:
     if args.saved_model:
         refuse_flags(
             args,
@@ -176,17 +184,22 @@ def run_predict(args) -> int:
             "with --saved-model: the SavedModel holds its model, weights, class names and pixel limit "
             "(export it again to change them)",
         )
-        return _predict_saved_model(args)
-    args.model = args.model or MODEL
-    _check_model_flags(args)
-    import keras_vit
-    from keras_vit import catalog
-    from keras_vit.preprocessing import Preprocessing
-
+    else:
+        args.model = args.model or MODEL
+        _check_model_flags(args)
     for path in args.images:
         existing_file("image", path)
     if args.labels:
         existing_file("the labels file", args.labels)
+
+
+def run_predict(args) -> int:
+    if args.saved_model:
+        return _predict_saved_model(args)
+    import keras_vit
+    from keras_vit import catalog
+    from keras_vit.preprocessing import Preprocessing
+
     model = _model(args)
     if args.weights is False:
         print(
@@ -226,6 +239,8 @@ def _check_source_flags(args) -> None:
     source = args.source
     if source is None:
         return
+    if source.endswith(".keras"):
+        existing_file("SOURCE", source)
     if source.endswith(".keras") or source.startswith("hf-hub:") or _holds_weights(source):
         refuse_flags(
             args,
@@ -243,7 +258,6 @@ def _convert_source(args):
     `hf-hub:` repo, or a checkpoint into --model), else --model with --weights."""
     import keras_vit
 
-    _check_source_flags(args)
     source = args.source
     args.model = args.model or MODEL
     weights = True if args.weights is None else args.weights
@@ -259,15 +273,21 @@ def _convert_source(args):
     return keras_vit.create_model(args.model, source, **sizes)
 
 
-def run_convert(args) -> int:
-    from keras_vit.files import refuse_overlap, replace_file
+def check_convert(args) -> None:
+    from keras_vit.files import refuse_overlap
 
+    _check_source_flags(args)
     if not args.to:
         refuse_flags(args, ("labels",), "without --to: a .keras file holds no class names")
     (output_folder if args.to else output_file)("OUTPUT", args.output)
     refuse_overlap(args.output, [args.source, args.labels])  # before anything is read or written
     if not args.to and os.path.exists(args.output) and not args.overwrite:
         raise FileExistsError(f"{args.output} already exists: pass --overwrite to replace it.")
+
+
+def run_convert(args) -> int:
+    from keras_vit.files import replace_file
+
     model = _convert_source(args)
     if args.to:
         import keras_vit
@@ -294,6 +314,10 @@ def _beside(source: str | None, name: str) -> str | None:
     return path if os.path.isfile(path) else None
 
 
+def check_push(args) -> None:
+    _check_source_flags(args)
+
+
 def run_push(args) -> int:
     import keras_vit
     from keras_vit.preprocessing import read_labels
@@ -313,13 +337,16 @@ def run_push(args) -> int:
     return 0
 
 
-def run_inspect(args) -> int:
-    from keras_vit.plots import write_inspection
-
+def check_inspect(args) -> None:
     args.model = args.model or MODEL
     _check_model_flags(args)
     existing_file("image", args.image)  # before the model is built and the output folder made
     output_folder("--out", args.out)
+
+
+def run_inspect(args) -> int:
+    from keras_vit.plots import write_inspection
+
     model = _model(args)
     label = model.name if args.weights is not False else f"{model.name}, random weights"
     written = write_inspection(
@@ -391,8 +418,7 @@ def _check_export_flags(args) -> None:
     (output_folder if args.format == "saved_model" else output_file)("EXPORT_DIR", args.export_dir)
 
 
-def run_export(args) -> int:
-    import keras_vit
+def check_export(args) -> None:
     from keras_vit.files import refuse_overlap
 
     _check_export_flags(args)
@@ -402,6 +428,11 @@ def run_export(args) -> int:
     refuse_overlap(written, [args.model, args.labels])  # before anything is read or written
     if args.labels:
         existing_file("the labels file", args.labels)
+
+
+def run_export(args) -> int:
+    import keras_vit
+
     model = _model(args)
     labels_file = _class_names_file(args)
     labels = _read_class_names(labels_file, model) if labels_file else _shared_class_names(args)

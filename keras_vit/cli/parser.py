@@ -200,7 +200,7 @@ def _add_checkpoint(subparsers) -> None:
     """`checkpoint`: what a checkpoint file holds."""
     checkpoint = subparsers.add_parser("checkpoint", help="describe a checkpoint file (format, shapes)")
     checkpoint.add_argument("checkpoint", help="a Google .npz, timm or Hugging Face .safetensors / .bin file")
-    checkpoint.set_defaults(run=commands.run_checkpoint)
+    checkpoint.set_defaults(run=commands.run_checkpoint, check=commands.check_checkpoint)
 
 
 def _add_predict(subparsers) -> None:
@@ -220,7 +220,7 @@ def _add_predict(subparsers) -> None:
         help="predict through a `keras-vit export` SavedModel (its directory or a version); "
         "--model, --weights, --labels and --max-pixels are then refused (the SavedModel holds them)",
     )
-    predict.set_defaults(run=commands.run_predict)
+    predict.set_defaults(run=commands.run_predict, check=commands.check_predict)
 
 
 _NO_VERIFY_HELP = (
@@ -269,7 +269,7 @@ def _add_convert(subparsers) -> None:
     convert.add_argument(
         "--num-classes", type=_POSITIVE_INT, default=None, help="a new zero-initialised head"
     )
-    convert.set_defaults(run=commands.run_convert)
+    convert.set_defaults(run=commands.run_convert, check=commands.check_convert)
 
 
 def _add_push(subparsers) -> None:
@@ -294,7 +294,7 @@ def _add_push(subparsers) -> None:
     push.add_argument("--report", help="a training run's report.json for the model card")
     push.add_argument("--private", action="store_true", help="create the repo private")
     push.add_argument("--no-verify", dest="verify", action="store_false", help=_NO_VERIFY_HELP)
-    push.set_defaults(run=commands.run_push, image_size=None, num_classes=None)
+    push.set_defaults(run=commands.run_push, check=commands.check_push, image_size=None, num_classes=None)
 
 
 def _add_inspect(subparsers) -> None:
@@ -312,7 +312,7 @@ def _add_inspect(subparsers) -> None:
         "--discard-ratio", type=_RATE, default=0.0, help="rollout: drop the weakest weights"
     )
     inspection.add_argument("--head-fusion", choices=defaults.HEAD_FUSIONS, default=defaults.HEAD_FUSIONS[0])
-    inspection.set_defaults(run=commands.run_inspect)
+    inspection.set_defaults(run=commands.run_inspect, check=commands.check_inspect)
 
 
 def _add_export(subparsers) -> None:
@@ -372,7 +372,7 @@ def _add_export(subparsers) -> None:
         action="store_true",
         help="replace keras_vit's own earlier export of this version (or file); nothing else is touched",
     )
-    export.set_defaults(run=commands.run_export)
+    export.set_defaults(run=commands.run_export, check=commands.check_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
