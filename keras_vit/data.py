@@ -47,6 +47,7 @@ from keras_vit.pyinput import (
     is_folder_name,
     list_image_folder,
     normalisation_for,
+    training_augmentation,
 )
 from keras_vit.tf_preprocessing import LIBJPEG_WARNINGS, ImagePreprocessing, caught_stderr, decode_image
 from keras_vit.validation import image_size as size_pair
@@ -402,12 +403,7 @@ def train_pipeline(
     in a new order each time, and array sources are in memory already.
     """
     _check_interpolation(interpolation)
-    augmentation = source.augmentation(crop_scale, flip)
-    crop_scale, flip = augmentation["crop_scale"], augmentation["flip"]
-    if int(start_epoch) < 0:
-        raise ValueError(f"start_epoch must be >= 0, got {start_epoch!r}.")
-    if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
-        raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale!r}.")
+    crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     height, width = size_pair("image_size", image_size)
     steps = epoch_steps(source, batch_size, steps_per_epoch)
     normalise = _normaliser(mean, std)

@@ -58,6 +58,7 @@ __all__ = [
     "load_digits",
     "normalisation_for",
     "train_pipeline",
+    "training_augmentation",
 ]
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -509,6 +510,20 @@ class TrainBatches(keras.utils.PyDataset):
         return self.batch(self.start_epoch + epoch, within)
 
 
+def training_augmentation(
+    source: Source, crop_scale: tuple[float, float] | None, flip: bool | None, start_epoch: int
+) -> tuple[tuple[float, float], bool]:
+    """`crop_scale` and `flip`, the source's own where not given, checked with `start_epoch`: how
+    both training pipelines (tf.data's and the PyDataset) read these arguments."""
+    augmentation = source.augmentation(crop_scale, flip)
+    crop_scale, flip = augmentation["crop_scale"], augmentation["flip"]
+    if int(start_epoch) < 0:
+        raise ValueError(f"start_epoch must be >= 0, got {start_epoch!r}.")
+    if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
+        raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale!r}.")
+    return crop_scale, flip
+
+
 def train_pipeline(
     source: Source,
     *,
@@ -532,12 +547,7 @@ def train_pipeline(
     The arguments and augmentation of `keras_vit.data.train_pipeline` (see the module
     docstring for how the random numbers are drawn); `workers` threads prepare batches ahead.
     """
-    augmentation = source.augmentation(crop_scale, flip)
-    crop_scale, flip = augmentation["crop_scale"], augmentation["flip"]
-    if int(start_epoch) < 0:
-        raise ValueError(f"start_epoch must be >= 0, got {start_epoch!r}.")
-    if not 0.0 < crop_scale[0] <= crop_scale[1] <= 1.0:
-        raise ValueError(f"crop_scale must satisfy 0 < low <= high <= 1, got {crop_scale!r}.")
+    crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     if mixup_alpha:
         mixup_alpha = positive_number("mixup_alpha", mixup_alpha)
     return TrainBatches(
