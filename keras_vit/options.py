@@ -249,6 +249,13 @@ class RunOptions:
         "run",
         choices=defaults.STRATEGIES,
     )
+    model_parallel: int = option(
+        1,
+        "JAX: shard each model replica over N devices (Megatron-style attention and MLP kernels, "
+        "keras_vit.parallel.get_layout_map), data parallel over the rest; 1: data parallel only",
+        "run",
+        check.positive_int,
+    )
     precision: str = option(
         defaults.PRECISIONS[0],
         "float32, or mixed precision (mixed_float16 is loss-scaled)",

@@ -70,7 +70,7 @@ def _finished(process: subprocess.Popen, folder: Path) -> dict:
 def test_digits_run_without_tensorflow(backend, devices, extra, distribution, tmp_path):
     """A short run of the main job's data trains, saves and reports without importing TensorFlow.
     On JAX (forced CPU devices) it is data parallel over every device by default, or model
-    parallel with `keras_vit.parallel.make_distribution(2, model=...)` as its strategy."""
+    parallel with `model_parallel=2` (`--model-parallel 2`)."""
     output_dir = tmp_path / "run"
     process = _worker(
         backend,
@@ -89,10 +89,21 @@ def test_digits_run_without_tensorflow(backend, devices, extra, distribution, tm
     assert report["hyperparameters"]["mixup_alpha"] > 0  # the recipe's mixup ran through the PyDataset
 
 
-def test_strategy_of_tensorflow_on_jax_is_one_error_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize(
+    "backend, flags, message",
+    [
+        ("jax", ["--strategy", "tpu"], "strategy 'tpu' is TensorFlow's"),
+        ("jax", ["--model-parallel", "3"], "does not divide"),  # not the 4 devices
+        ("jax", ["--model-parallel", "8"], "device"),  # more than the 4 devices
+        ("jax", ["--model-parallel", "2", "--strategy", "default"], "leave strategy at 'auto'"),
+        ("torch", ["--model-parallel", "2"], "needs the JAX backend"),
+    ],
+    ids=["tpu-strategy", "heads-not-divided", "too-few-devices", "with-a-strategy", "torch"],
+)
+def test_a_distribution_that_cannot_run_is_one_error_and_writes_nothing(backend, flags, message, tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "keras_vit.cli", "train", "--strategy", "tpu", "--output-dir", "run"],
-        env=subprocess_env(KERAS_BACKEND="jax"),
+        [sys.executable, "-m", "keras_vit.cli", "train", *flags, "--output-dir", "run"],
+        env=subprocess_env(KERAS_BACKEND=backend, XLA_FLAGS="--xla_force_host_platform_device_count=4"),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -100,7 +111,7 @@ def test_strategy_of_tensorflow_on_jax_is_one_error_and_writes_nothing(tmp_path)
     )
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.startswith("keras-vit: error:")]
-    assert len(errors) == 1 and "strategy 'tpu' is TensorFlow's" in errors[0], done.stderr[-2000:]
+    assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr and os.listdir(tmp_path) == []
 
 

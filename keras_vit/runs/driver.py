@@ -35,9 +35,11 @@ from keras_vit.files import RunLock, refuse_overlap, replace_file
 from keras_vit.options import RunOptions
 from keras_vit.preprocessing import write_labels
 from keras_vit.recipes import Recipe
+from keras_vit.runs import keras_distribution
 from keras_vit.runs.backup import BackupMismatchError, EpochBackup, remove_backup, write_json
 from keras_vit.runs.plan import execution_steps, plan_steps
 from keras_vit.runs.report import now, resolve_paths, run_report
+from keras_vit.variants import ViTConfig
 
 __all__ = [
     "NonFiniteLossError",
@@ -101,6 +103,7 @@ class Task(Protocol):
     """
 
     recipe: Recipe  # its default length (`recipe.epochs`), optimizer and schedule
+    config: ViTConfig  # the model's architecture (a model-parallel mesh is checked against it)
     saved_file: str
 
     def prepare(self, batch_size: int) -> int: ...
@@ -129,8 +132,6 @@ def distribution_module():
         from keras_vit.runs import strategy
 
         return strategy
-    from keras_vit.runs import keras_distribution
-
     return keras_distribution
 
 
@@ -231,7 +232,10 @@ def fit_task(
     options.check()  # every value before anything runs: NaN or 0 never reach the plan
     run_started, started_at = time.perf_counter(), now()
     distribution = distribution_module()
-    strategy = distribution.start_run(options.strategy, options.precision, options.batch_size, options.seed)
+    strategy = options.strategy
+    if options.model_parallel > 1:
+        strategy = keras_distribution.model_parallel(options.model_parallel, strategy, task.config)
+    strategy = distribution.start_run(strategy, options.precision, options.batch_size, options.seed)
     output_dir = os.fspath(options.output_dir)
     chief = distribution.is_chief(strategy)
     backup_dir = distribution.worker_dir(os.path.join(output_dir, "backup"), strategy)

@@ -26,6 +26,7 @@ __all__ = [
     "activated",
     "describe_distribution",
     "is_chief",
+    "model_parallel",
     "start_run",
     "tensorflow_unseen",
     "worker_dir",
@@ -60,6 +61,25 @@ def _refuse(strategy) -> None:
         f"strategy {strategy!r} is TensorFlow's (tf.distribute); on {backend} use 'auto' (data parallel "
         f"over every local device on JAX) or 'default'{distribution if backend == 'jax' else ''}."
     )
+
+
+def model_parallel(size: int, strategy, config) -> keras.distribution.ModelParallel:
+    """The distribution of `model_parallel=size` (> 1): keras_vit's Megatron-style `ModelParallel`
+    over every device (`keras_vit.parallel.make_distribution`), checked against the model's
+    `config`; JAX only, and with the default strategy (this is the run's distribution)."""
+    backend = keras.backend.backend()
+    if backend != "jax":
+        raise ValueError(
+            f"model_parallel={size} needs the JAX backend (keras.distribution), but Keras runs on "
+            f"{backend!r}: run with KERAS_BACKEND=jax, or leave model_parallel at 1."
+        )
+    if not (isinstance(strategy, str) and strategy in _DATA_PARALLEL):
+        raise ValueError(
+            f"model_parallel={size} makes the run's distribution: leave strategy at 'auto', not {strategy!r}."
+        )
+    from keras_vit.parallel import make_distribution
+
+    return make_distribution(size, model=config)
 
 
 def start_run(strategy, precision: str, batch_size: int, seed: int) -> KerasRun:

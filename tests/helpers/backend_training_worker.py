@@ -3,8 +3,7 @@
 
     python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json [slow]
 
-Calls `keras_vit.training.train(**ARGUMENTS)` (a `model` given as a dict is a `ViTConfig`,
-`model_parallel: N` the strategy `keras_vit.parallel.make_distribution(N, model=model)`;
+Calls `keras_vit.training.train(**ARGUMENTS)` (a `model` given as a dict is a `ViTConfig`;
 `slow`: every training step slowed by 0.3 s, so a test can kill the run mid-way) and writes
 `OUT.json`: the report's accuracy, backend, distribution, steps, history and start epoch, the
 SHA-256 of the final weights' bytes (in `model.weights` order) and which TensorFlow modules it
@@ -54,11 +53,6 @@ arguments_path, out_path, *mode = sys.argv[1:]
 arguments = json.loads(Path(arguments_path).read_text())
 if isinstance(arguments.get("model"), dict):
     arguments["model"] = ViTConfig.from_dict(arguments["model"])
-if "model_parallel" in arguments:  # a keras.distribution object, made here (JSON cannot hold it)
-    from keras_vit.parallel import make_distribution
-
-    model_parallel = arguments.pop("model_parallel")
-    arguments["strategy"] = make_distribution(model_parallel, model=arguments["model"])
 result = training.train(**arguments, callbacks=[_Slow()] if mode == ["slow"] else [])
 digest = hashlib.sha256()
 for weight in result.model.weights:
