@@ -184,13 +184,14 @@ def _state_epoch(backup: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_resume_on_jax_is_bit_identical(tmp_path):
-    """A JAX run killed after an epoch and started again ends with the same weights, bit for bit,
-    and the same history as an uninterrupted run: its input restarts at the epoch (pure in
-    (seed, epoch, index)) and its state comes from the backup."""
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_sigkill_resume_is_bit_identical(backend, tmp_path):
+    """A JAX or PyTorch run killed after an epoch and started again ends with the same weights, bit
+    for bit, and the same history as an uninterrupted run: its input restarts at the epoch (pure
+    in (seed, epoch, index)) and its state comes from the backup."""
     reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
-    reference = _worker("jax", {**TINY_RUN, "output_dir": str(reference_dir / "run")}, reference_dir)
-    killed = _worker("jax", {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir, "slow")
+    reference = _worker(backend, {**TINY_RUN, "output_dir": str(reference_dir / "run")}, reference_dir)
+    killed = _worker(backend, {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir, "slow")
     try:
         deadline = time.monotonic() + TIMEOUT
         while _state_epoch(resumed_dir / "run" / "backup") < 1 and killed.poll() is None:
@@ -207,7 +208,7 @@ def test_sigkill_resume_on_jax_is_bit_identical(tmp_path):
     killed_at = _state_epoch(resumed_dir / "run" / "backup")
     assert 1 <= killed_at < 4 and not (resumed_dir / "run" / "model.keras").exists()
     second = _finished(
-        _worker("jax", {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir), resumed_dir
+        _worker(backend, {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir), resumed_dir
     )
     assert second["resumed_from_epoch"] == killed_at and first["resumed_from_epoch"] == 0
     assert first["steps"] == second["steps"] == 8 and second["history"] == first["history"]
