@@ -11,33 +11,14 @@ tried to import and imported (none, if it holds).
 """
 
 import hashlib
-import importlib.abc
-import importlib.machinery
 import json
 import sys
 import time
 from pathlib import Path
 
-ATTEMPTS = []  # every import of TensorFlow tried (not a mere look-up), even one whose ImportError was caught
+from no_tensorflow import block_tensorflow
 
-
-class _NoTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """TensorFlow's modules are found (PyTorch's dynamo only looks them up) but cannot be imported."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "tensorflow":
-            return importlib.machinery.ModuleSpec(name, self)
-        return None
-
-    def create_module(self, spec):
-        ATTEMPTS.append(spec.name)
-        raise ImportError(f"{spec.name} is blocked: training on JAX or PyTorch must not need TensorFlow")
-
-    def exec_module(self, module):  # never reached (create_module raises); makes imports call create_module
-        raise ImportError(f"{module.__name__} is blocked")
-
-
-sys.meta_path.insert(0, _NoTensorFlow())
+ATTEMPTS = block_tensorflow("training on JAX or PyTorch must not need TensorFlow")
 
 import keras  # noqa: E402
 

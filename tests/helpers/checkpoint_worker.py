@@ -8,26 +8,13 @@ For every checkpoint (a timm safetensors file, a Google `.npz`, a transformers f
 `OUT.json`: per checkpoint the format found and the logits, and whether TensorFlow was imported.
 """
 
-import importlib.abc
-import importlib.machinery
 import json
 import sys
 from pathlib import Path
 
+from no_tensorflow import block_tensorflow
 
-class _NoTensorFlow(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """TensorFlow's modules are found (PyTorch's dynamo only looks them up) but cannot be imported."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] == "tensorflow":
-            return importlib.machinery.ModuleSpec(name, self)
-        return None
-
-    def create_module(self, spec):
-        raise ImportError(f"{spec.name} is blocked: loading a checkpoint must not need TensorFlow")
-
-
-sys.meta_path.insert(0, _NoTensorFlow())
+block_tensorflow("loading a checkpoint must not need TensorFlow")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
