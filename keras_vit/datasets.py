@@ -22,7 +22,7 @@ import numpy as np
 from keras_vit import pyinput
 from keras_vit.defaults import BAD_IMAGE_ACTIONS, DATASET
 
-__all__ = ["load_dataset", "load_unlabeled"]
+__all__ = ["input_module", "load_dataset", "load_unlabeled"]
 
 
 def _folder(dataset: str | os.PathLike) -> str | None:
@@ -58,8 +58,9 @@ def _refuse_unused(dataset, kind: str, options: dict, applies: tuple) -> None:
         raise ValueError(f"{'; '.join(unused)}: dataset {os.fspath(dataset)!r} is {kind}; leave them out.")
 
 
-def _readers():
-    """`keras_vit.data` (tf.data) on TensorFlow, `keras_vit.pyinput` (NumPy, Pillow) elsewhere."""
+def input_module():
+    """The input pipelines of this backend: `keras_vit.data` (tf.data) on TensorFlow, else
+    `keras_vit.pyinput` (NumPy, Pillow, a `keras.utils.PyDataset`); both have the same functions."""
     if keras.backend.backend() == "tensorflow":
         from keras_vit import data
 
@@ -101,7 +102,7 @@ def load_dataset(
     )
     if isinstance(dataset, str) and dataset == DATASET:
         _refuse_unused(dataset, "scikit-learn's digits", options, _TFDS_OPTIONS + _FOLDER_OPTIONS)
-        return _readers().load_digits()
+        return input_module().load_digits()
     path = _folder(dataset)
     if path is None:
         _refuse_unused(dataset, "a tensorflow-datasets name", options, _FOLDER_OPTIONS)
@@ -116,9 +117,9 @@ def load_dataset(
             f"Image folder {path!r} needs a train/ and a test/ (or val/) sub-folder, each with one "
             "folder per class, e.g. train/cat/1.jpg and test/cat/7.jpg."
         )
-    readers = _readers()
-    train_source = readers.from_directory(os.path.join(path, "train"), on_bad_image=on_bad_image)
-    test_source = readers.from_directory(os.path.join(path, held_out), on_bad_image=on_bad_image)
+    inputs = input_module()
+    train_source = inputs.from_directory(os.path.join(path, "train"), on_bad_image=on_bad_image)
+    test_source = inputs.from_directory(os.path.join(path, held_out), on_bad_image=on_bad_image)
     if train_source.class_names != test_source.class_names:
         raise ValueError(
             f"{path}: train/ and {held_out}/ have different class folders "

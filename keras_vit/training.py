@@ -42,7 +42,7 @@ import keras
 from keras_vit import defaults, optimization, runs
 from keras_vit import validation as check
 from keras_vit.catalog import model_entry
-from keras_vit.datasets import load_dataset
+from keras_vit.datasets import input_module, load_dataset
 from keras_vit.models import build_vit, create_model
 from keras_vit.options import ClassifierOptions, takes_options
 from keras_vit.pretrained import checkpoint_record
@@ -59,18 +59,6 @@ __all__ = [
     "model_config",
     "train",
 ]
-
-
-def input_module():
-    """The input pipelines of this backend: `keras_vit.data` (tf.data) on TensorFlow, else
-    `keras_vit.pyinput` (a `keras.utils.PyDataset`); both have the functions used here."""
-    if keras.backend.backend() == "tensorflow":
-        from keras_vit import data
-
-        return data
-    from keras_vit import pyinput
-
-    return pyinput
 
 
 @dataclass

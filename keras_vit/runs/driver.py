@@ -246,7 +246,9 @@ def fit_task(
             output_dir, backup_dir, task.saved_file, resolve_paths(run), options.overwrite, chief
         )
         with distribution.activated(strategy):
-            result = _fit(task, arguments, options, callbacks, strategy, backup, (run_started, started_at))
+            result = _fit(
+                task, arguments, options, callbacks, distribution, strategy, backup, (run_started, started_at)
+            )
     if not chief:
         remove_backup(backup_dir)  # the worker's lock file was in it
     return result
@@ -257,20 +259,21 @@ def _fit(
     arguments: dict,
     options: RunOptions,
     callbacks: Sequence[keras.callbacks.Callback],
+    distribution,
     strategy,
     backup: EpochBackup,
     timing: tuple[float, str],
 ) -> RunResult:
-    """`fit_task` once the run folder is locked and its backup read (`timing`: the run's start)."""
+    """`fit_task` once the run folder is locked and its backup read (`distribution`: the module that
+    made `strategy`; `timing`: the run's start)."""
     batch_size, precision, seed = options.batch_size, options.precision, options.seed
     run_started, started_at = timing
     output_dir = os.fspath(options.output_dir)
-    distribution = distribution_module()
     chief = distribution.is_chief(strategy)
     jit_compile = options.jit_compile
-    if (
-        jit_compile == "auto"
-    ):  # JAX: always (un-jitted steps are slow); PyTorch: off (torch.compile starts slowly)
+    # "auto": TensorFlow for one replica; JAX always (un-jitted steps are slow); PyTorch off (torch.compile
+    # starts slowly).
+    if jit_compile == "auto":
         backend = keras.backend.backend()
         jit_compile = backend == "jax" or (backend == "tensorflow" and strategy.num_replicas_in_sync == 1)
     epochs = options.epochs
