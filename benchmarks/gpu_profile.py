@@ -26,6 +26,7 @@ import collections
 import functools
 import glob
 import json
+import math
 import os
 import re
 import statistics
@@ -37,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 from cases import lookup_case  # noqa: E402
-from worker import LEARNING_RATE, WEIGHT_DECAY, KerasWorker, random_batch  # noqa: E402
+from worker import LEARNING_RATE, WEIGHT_DECAY, KerasWorker, Runner, fit_runner, random_batch, timed  # noqa: E402
 
 KINDS = (
     ("attention", re.compile(r"fmha|flash|attention|cudnn|sdpa", re.I)),
@@ -46,56 +47,16 @@ KINDS = (
 TRACED_STEPS = 5
 
 
-def seconds_per_call(call, finish, min_time: float = 1.0, rounds: int = 3) -> float:
-    """The median over `rounds` of the mean seconds per call, each round at least `min_time` s."""
-    finish(call())
-    calls = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(calls):
-            result = call()
-        finish(result)
-        if time.perf_counter() - start >= min_time / 4:
-            break
+def seconds_per_step(run: Runner, min_time: float = 1.0, rounds: int = 3) -> float:
+    """The median over `rounds` of the seconds per call of `run` (a `worker.Runner`), each round one
+    run of about `min_time` s (so a `fit` round pays its per-call set-up once, as a training epoch does)."""
+    run(1)
+    calls, elapsed = 1, run(1)
+    while elapsed < min_time / 4:
         calls *= 2
-    times = []
-    for _ in range(rounds):
-        count, start = 0, time.perf_counter()
-        while True:
-            for _ in range(calls):
-                result = call()
-            count += calls
-            finish(result)
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_time:
-                break
-        times.append(elapsed / count)
-    return statistics.median(times)
-
-
-def fit_steps(model, x, y, steps: int) -> float:
-    """`steps` steps of `model.fit` on the one batch; the last loss, fetched to the host."""
-
-    def batches():
-        while True:
-            yield x, y
-
-    history = model.fit(batches(), epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
-    return float(history.history["loss"][-1])
-
-
-def fit_seconds_per_step(model, x, y, min_time: float = 1.0, rounds: int = 3) -> float:
-    """Seconds per step of `model.fit`, the median of `rounds` fits of at least `min_time` s."""
-    fit_steps(model, x, y, 2)
-    start = time.perf_counter()
-    fit_steps(model, x, y, 4)
-    steps = max(4, int(4 * min_time / (time.perf_counter() - start)))
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fit_steps(model, x, y, steps)
-        times.append((time.perf_counter() - start) / steps)
-    return statistics.median(times)
+        elapsed = run(calls)
+    calls = math.ceil(calls * min_time / elapsed)
+    return statistics.median(run(calls) / calls for _ in range(rounds))
 
 
 def kind_of(name: str) -> str:
@@ -191,20 +152,17 @@ def main(argv: list[str] | None = None) -> int:
         state.update(params=params, opt=opt_state)
         return value
 
+    run_fit = fit_runner(model.fit, x, y)
     timings = {}
-    for part, call in (
-        ("forward", lambda: forward(trainable, non_trainable, x, y)[0]),
-        ("forward_backward", lambda: grad(trainable, non_trainable, x, y)[0][0]),
-        ("optax_adamw_step", run_optax),
-        ("keras_fit", None),
-        ("keras_train_on_batch", lambda: model.train_on_batch(x, y)),
+    for part, run in (
+        ("forward", timed(lambda: forward(trainable, non_trainable, x, y)[0], ready)),
+        ("forward_backward", timed(lambda: grad(trainable, non_trainable, x, y)[0][0], ready)),
+        ("optax_adamw_step", timed(run_optax, ready)),
+        ("keras_fit", run_fit),
+        ("keras_train_on_batch", timed(lambda: model.train_on_batch(x, y), ready)),
     ):
-        if call is None:
-            timings[part] = fit_seconds_per_step(model, x, y)
-            print(f"{part}: {timings[part] * 1e3:.2f} ms/step", flush=True)
-            continue
         start = time.perf_counter()
-        timings[part] = seconds_per_call(call, ready)
+        timings[part] = seconds_per_step(run)
         print(f"{part}: {timings[part] * 1e3:.2f} ms/step ({time.perf_counter() - start:.0f} s)", flush=True)
     ms = {part: value * 1e3 for part, value in timings.items()}
     record["ms_per_step"] = ms
@@ -218,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     trace_dir = tempfile.mkdtemp(prefix="keras_vit_trace_")  # deep folders: not brought back from $OUT
     with jax.profiler.trace(trace_dir):
-        fit_steps(model, x, y, TRACED_STEPS)
+        run_fit(TRACED_STEPS)
     record["kernels"] = kernel_times(trace_dir, TRACED_STEPS)
     with open(os.path.join(args.output, "gpu_profile.json"), "w") as file:
         json.dump(record, file, indent=1)

@@ -102,6 +102,23 @@ def timed(step: Callable[[], object], finish: Callable[[object], object] = lambd
     return run
 
 
+def fit_runner(fit: Callable, x, y) -> Runner:
+    """A runner of `fit` (a model's `fit`) for `calls` steps of the one batch `(x, y)`, already a
+    backend tensor; the last loss is fetched to the host, so every step has run."""
+
+    def batches():
+        while True:
+            yield x, y
+
+    def run(calls: int) -> float:
+        start = time.perf_counter()
+        history = fit(batches(), epochs=1, steps_per_epoch=calls, verbose=0, shuffle=False)
+        float(history.history["loss"][-1])
+        return time.perf_counter() - start
+
+    return run
+
+
 class KerasWorker:
     """keras_vit or keras_hub on the process's Keras backend, backend-neutral (JAX, PyTorch).
 
@@ -335,22 +352,10 @@ class KerasWorker:
     ) -> tuple[Runner, int]:
         model = self.compiled_for_training(case, jit, attention)
         x, y = (self.keras.ops.convert_to_tensor(array) for array in (images, labels))
-
-        def batches():
-            while True:
-                yield x, y
-
         # keras_hub's Task.fit would map its (absent) preprocessor over the data with grain or
         # tf.data; Keras's own fit is the same training without it.
         fit = model.fit if self.framework == "keras_vit" else functools.partial(self.keras.Model.fit, model)
-
-        def run(calls: int) -> float:
-            start = time.perf_counter()
-            history = fit(batches(), epochs=1, steps_per_epoch=calls, verbose=0, shuffle=False)
-            float(history.history["loss"][-1])  # on the host: every step has run
-            return time.perf_counter() - start
-
-        return run, model.count_params()
+        return fit_runner(fit, x, y), model.count_params()
 
     def first_call(self, case: Case) -> float:
         images, _ = random_batch(case.batch)
