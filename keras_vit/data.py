@@ -26,7 +26,6 @@ pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,12 +36,11 @@ import tensorflow as tf
 from keras_vit.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.pyinput import (
-    DIGITS_AUGMENTATION,
     INTERPOLATIONS,
     BadImageError,
     SourceInfo,
     checked_arrays,
-    digits_arrays,
+    digits_sources,
     epoch_steps,
     is_folder_name,
     list_image_folder,
@@ -295,16 +293,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Sour
     first `round(test_fraction * class size)` go to test. Defaults give 1438 train / 359 test.
     Needs scikit-learn (which ships the data, so no network is used).
     """
-    images, labels, test = digits_arrays(test_fraction, seed)
-    names = tuple(str(label) for label in range(10))
-    return (
-        dataclasses.replace(
-            from_arrays(images[~test], labels[~test], class_names=names), **DIGITS_AUGMENTATION
-        ),
-        dataclasses.replace(
-            from_arrays(images[test], labels[test], class_names=names), **DIGITS_AUGMENTATION
-        ),
-    )
+    return digits_sources(from_arrays, test_fraction, seed)
 
 
 def _normaliser(mean: Sequence[float], std: Sequence[float]) -> Callable[[tf.Tensor], tf.Tensor]:

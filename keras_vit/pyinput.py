@@ -48,6 +48,7 @@ __all__ = [
     "TrainBatches",
     "checked_arrays",
     "digits_arrays",
+    "digits_sources",
     "epoch_steps",
     "eval_pipeline",
     "from_arrays",
@@ -316,19 +317,20 @@ def digits_arrays(test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray
 DIGITS_AUGMENTATION = {"crop_scale": (0.7, 1.0), "flip": False}
 
 
-def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Source]:
-    """scikit-learn's handwritten digits as `(train, test)` sources: `keras_vit.data.load_digits`'s split."""
-
+def digits_sources(from_arrays: Callable, test_fraction: float, seed: int) -> tuple:
+    """The digits' `(train, test)` sources, made by `from_arrays` (this module's, or
+    `keras_vit.data`'s for tf.data): one split (`digits_arrays`) and one augmentation for both readers."""
     images, labels, test = digits_arrays(test_fraction, seed)
     names = tuple(str(label) for label in range(10))
-    return (
-        dataclasses.replace(
-            from_arrays(images[~test], labels[~test], class_names=names), **DIGITS_AUGMENTATION
-        ),
-        dataclasses.replace(
-            from_arrays(images[test], labels[test], class_names=names), **DIGITS_AUGMENTATION
-        ),
+    return tuple(
+        dataclasses.replace(from_arrays(images[part], labels[part], class_names=names), **DIGITS_AUGMENTATION)
+        for part in (~test, test)
     )
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Source, Source]:
+    """scikit-learn's handwritten digits as `(train, test)` sources: `keras_vit.data.load_digits`'s split."""
+    return digits_sources(from_arrays, test_fraction, seed)
 
 
 def is_folder_name(dataset: str | os.PathLike) -> bool:

@@ -23,6 +23,7 @@ from keras_vit.defaults import PRECISIONS
 
 __all__ = [
     "KerasRun",
+    "check_run",
     "activated",
     "describe_distribution",
     "is_chief",
@@ -82,16 +83,21 @@ def model_parallel(size: int, strategy, config) -> keras.distribution.ModelParal
     return make_distribution(size, model=config)
 
 
+def check_run(precision: str, batch_size: int) -> None:
+    """The checks every backend's `start_run` begins with (this module's and `keras_vit.runs.strategy`'s)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision {precision!r}: use one of {PRECISIONS}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+
+
 def start_run(strategy, precision: str, batch_size: int, seed: int) -> KerasRun:
     """Check the run's precision and batch, choose the distribution, seed everything.
 
     A strategy other than `"auto"`, `"mirrored"`, `"default"`, `"one_device"` or (JAX) a
     `keras.distribution.DataParallel` or `ModelParallel` is one clear error, before anything is built.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"Unknown precision {precision!r}: use one of {PRECISIONS}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    check_run(precision, batch_size)
     backend = keras.backend.backend()
     distribution = None
     if backend == "jax" and isinstance(strategy, _DISTRIBUTIONS):

@@ -13,8 +13,8 @@ import os
 import keras
 import tensorflow as tf
 
-from keras_vit.defaults import PRECISIONS
 from keras_vit.distribute import fix_distributed_clipping, fix_multi_worker_fit, get_strategy, is_chief
+from keras_vit.runs.keras_distribution import check_run
 
 __all__ = [
     "activated",
@@ -31,10 +31,7 @@ def start_run(
     strategy: str | tf.distribute.Strategy, precision: str, batch_size: int, seed: int
 ) -> tf.distribute.Strategy:
     """Check the run's precision and batch, make the strategy (with the Keras fixes), seed everything."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"Unknown precision {precision!r}: use one of {PRECISIONS}.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+    check_run(precision, batch_size)
     # A multi-worker strategy must exist before TensorFlow runs any op (data sources do).
     if not isinstance(strategy, tf.distribute.Strategy):
         strategy = get_strategy(strategy)
