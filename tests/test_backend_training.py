@@ -7,15 +7,13 @@ The runs are subprocesses with `KERAS_BACKEND` set and TensorFlow blocked
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import subprocess_env
+from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
 
 from keras_vit import pyinput
 
@@ -176,13 +174,6 @@ def test_augmentation_follows_the_source_and_the_options():
     np.testing.assert_allclose(plain, evaluated, atol=1e-6)
 
 
-def _state_epoch(backup: Path) -> int:
-    try:
-        return json.loads((backup / "state.json").read_text())["epoch"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_sigkill_resume_is_bit_identical(backend, tmp_path):
@@ -193,19 +184,14 @@ def test_sigkill_resume_is_bit_identical(backend, tmp_path):
     reference = _worker(backend, {**TINY_RUN, "output_dir": str(reference_dir / "run")}, reference_dir)
     killed = _worker(backend, {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir, "slow")
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while _state_epoch(resumed_dir / "run" / "backup") < 1 and killed.poll() is None:
-            assert time.monotonic() < deadline, "the slowed run never finished an epoch"
-            time.sleep(0.05)
-        os.kill(killed.pid, signal.SIGKILL)
-        assert killed.wait(timeout=30) == -signal.SIGKILL
+        sigkill_after_an_epoch(killed, resumed_dir / "run" / "backup", TIMEOUT)
         first = _finished(reference, reference_dir)
     finally:
         for process in (reference, killed):
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    killed_at = _state_epoch(resumed_dir / "run" / "backup")
+    killed_at = backup_epoch(resumed_dir / "run" / "backup")
     assert 1 <= killed_at < 4 and not (resumed_dir / "run" / "model.keras").exists()
     second = _finished(
         _worker(backend, {**TINY_RUN, "output_dir": str(resumed_dir / "run")}, resumed_dir), resumed_dir

@@ -2,15 +2,13 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
 import pytest
-from helpers import subprocess_env
+from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
 
 import keras_vit
 from keras_vit import recipes, runs, training
@@ -195,14 +193,6 @@ def test_mixed_precision_trains(tmp_path):
     assert model(np.zeros((1, 16, 16, 3), "float32")).dtype == "float32"
 
 
-def _state_epoch(backup: str) -> int:
-    try:
-        with open(os.path.join(backup, "state.json")) as file:
-            return json.load(file)["epoch"]
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 @pytest.mark.slow
 def test_cli_train_sigkill_resume_is_bit_identical(tmp_path):
     """`keras-vit train` end to end; a run killed mid-way and restarted ends bit-identical."""
@@ -217,12 +207,7 @@ def test_cli_train_sigkill_resume_is_bit_identical(tmp_path):
         env=subprocess_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while _state_epoch(resumed_dir / "backup") < 1 and killed.poll() is None:
-            assert time.monotonic() < deadline, "the slowed run never finished an epoch"
-            time.sleep(0.05)
-        os.kill(killed.pid, signal.SIGKILL)
-        assert killed.wait(timeout=30) == -signal.SIGKILL
+        sigkill_after_an_epoch(killed, resumed_dir / "backup", TIMEOUT)
         reference_log = reference.communicate(timeout=TIMEOUT)[0]
     finally:
         for process in (reference, killed):
@@ -231,7 +216,7 @@ def test_cli_train_sigkill_resume_is_bit_identical(tmp_path):
                 process.wait()
     assert reference.returncode == 0, reference_log[-3000:]
     assert "held-out accuracy" in reference_log
-    killed_at = _state_epoch(resumed_dir / "backup")
+    killed_at = backup_epoch(resumed_dir / "backup")
     assert 1 <= killed_at < 4 and not (resumed_dir / "model.keras").exists()
 
     resumed = subprocess.run(

@@ -6,7 +6,10 @@ reference writers as `from helpers import checkpoint_writers as writers`. `tests
 imports PyTorch, timm and transformers before anything imports TensorFlow.
 """
 
+import json
 import os
+import signal
+import time
 
 import keras
 import numpy as np
@@ -72,3 +75,22 @@ def load_into_scrambled(model: keras.Model, source, **kwargs) -> keras.Model:
     ]
     assert unmoved == [], f"weights the load left as they were: {unmoved}"
     return model
+
+
+def backup_epoch(backup: str | os.PathLike) -> int:
+    """The epoch a run's `backup/state.json` has reached (0 while there is none, or it is being written)."""
+    try:
+        with open(os.path.join(backup, "state.json")) as file:
+            return json.load(file)["epoch"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def sigkill_after_an_epoch(process, backup: str | os.PathLike, timeout: float) -> None:
+    """SIGKILL the training run `process` (a `subprocess.Popen`) once it has backed up an epoch."""
+    deadline = time.monotonic() + timeout
+    while backup_epoch(backup) < 1 and process.poll() is None:
+        assert time.monotonic() < deadline, "the slowed run never finished an epoch"
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
