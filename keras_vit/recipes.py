@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import keras
 
+    from keras_vit.options import RunOptions
+
 __all__ = [
     "FINE_TUNING",
     "FROM_SCRATCH",
@@ -112,6 +114,20 @@ class Recipe:
             return optimization.pretraining_optimizer(total_steps, ema_momentum=ema_momentum, **schedule)
         values = {key: value for key, value in schedule.items() if key != "decay"}
         return optimization.finetuning_optimizer(total_steps, ema_momentum=ema_momentum, **values)
+
+    def run_optimizer(
+        self, total_steps: int, options: RunOptions, ema_momentum: float | None = None
+    ) -> tuple[dict, keras.optimizers.Optimizer]:
+        """A run's `(schedule, optimizer)`: the `schedule` of `options`' learning rate, warm-up and
+        weight decay (each the recipe's where `None`) and the optimizer built from it; what every
+        task's `compile` uses (`keras_vit.runs.Task`)."""
+        schedule = self.schedule(
+            total_steps,
+            learning_rate=options.learning_rate,
+            warmup_steps=options.warmup_steps,
+            weight_decay=options.weight_decay,
+        )
+        return schedule, self.build_optimizer(total_steps, schedule, ema_momentum)
 
 
 FROM_SCRATCH = Recipe(
