@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from keras_vit import data
 
 __all__ = [
-    "MaskedPatchPredictor",
     "ImageBatches",
+    "MaskedPatchPredictor",
     "MaskedPatchTask",
     "PatchCorruption",
     "PretrainingResult",
