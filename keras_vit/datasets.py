@@ -7,9 +7,9 @@ masked patch pre-training its training images. Both read the same names the same
 version if needed: `imagenette/320px`, `mnist:3.0.1`; nothing is downloaded). Each source
 carries the augmentation that suits it (`keras_vit.data.Source.augmentation`).
 
-`load_dataset` reads the digits and folders through tf.data (`keras_vit.data`) on TensorFlow
-and through NumPy and Pillow (`keras_vit.pyinput`) on JAX and PyTorch, where a
-tensorflow-datasets name is refused with what to do instead.
+Both read the digits and folders through tf.data (`keras_vit.data`) on TensorFlow and through
+NumPy and Pillow (`keras_vit.pyinput`) on JAX and PyTorch, where a tensorflow-datasets name is
+refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -135,23 +135,29 @@ def load_unlabeled(
     on_bad_image: str = BAD_IMAGE_ACTIONS[0],
 ) -> pyinput.SourceInfo:
     """The training images of `dataset` (their labels unused): the digits' train split, an image
-    folder (its `train/` if present; any sub-folders), the `train_split` of a tfds name, a
-    `keras_vit.data.Source`, or uint8-range images `(N, H, W[, C])`. TensorFlow only (masked
-    patch pre-training reads through tf.data)."""
-    from keras_vit import data
-
+    folder (its `train/` if present; any sub-folders), the `train_split` of a tfds name
+    (TensorFlow only), a source of this backend's reader (`input_module().Source`: tf.data's
+    `keras_vit.data.Source` on TensorFlow, `keras_vit.pyinput.Source` elsewhere), or uint8-range
+    images `(N, H, W[, C])`."""
+    inputs = input_module()
     options = dict(train_split=train_split, data_dir=data_dir, on_bad_image=on_bad_image)
-    if isinstance(dataset, (data.Source, np.ndarray)) or dataset == DATASET:
+    if isinstance(dataset, (pyinput.SourceInfo, np.ndarray)) or dataset == DATASET:
         kind = "scikit-learn's digits" if isinstance(dataset, str) else f"a {type(dataset).__name__}"
         _refuse_unused(
             dataset if isinstance(dataset, str) else kind, kind, options, _TFDS_OPTIONS + _FOLDER_OPTIONS
         )
-    if isinstance(dataset, data.Source):
+    if isinstance(dataset, pyinput.SourceInfo):
+        if not isinstance(dataset, inputs.Source):
+            raise ValueError(
+                f"The source given is {type(dataset).__module__}'s, but Keras runs on "
+                f"{keras.backend.backend()!r}, whose input is {inputs.__name__}'s: make it with "
+                f"{inputs.__name__}.from_arrays or from_directory, or pass the images or their folder."
+            )
         return dataset
     if isinstance(dataset, np.ndarray):
-        return data.from_arrays(dataset, np.zeros(len(dataset), "int32"), num_classes=1)
+        return inputs.from_arrays(dataset, np.zeros(len(dataset), "int32"), num_classes=1)
     if isinstance(dataset, str) and dataset == DATASET:
-        return data.load_digits()[0]  # the train split only: the test split stays unseen
+        return inputs.load_digits()[0]  # the train split only: the test split stays unseen
     path = _folder(dataset)
     if path is None:
         _refuse_unused(dataset, "a tensorflow-datasets name", options, _FOLDER_OPTIONS)
@@ -160,7 +166,7 @@ def load_unlabeled(
     if os.path.isdir(os.path.join(path, "train")):
         path = os.path.join(path, "train")
     try:
-        return data.from_directory(path, on_bad_image=on_bad_image)
+        return inputs.from_directory(path, on_bad_image=on_bad_image)
     except ValueError as error:
         raise ValueError(
             f"{error} For unlabeled images any grouping will do: e.g. put them all in {path}/images/."

@@ -23,8 +23,12 @@ pre-trained ViT (token output), and `to_classifier(model, num_classes)` gives an
 classifier holding a copy of its weights for fine-tuning. `keras_vit.pretrain.pretrain`
 (`keras-vit pretrain`) runs the paper's recipe with the package's training driver.
 
-This module imports no TensorFlow: under a tf.distribute strategy (TensorFlow backend) the
-corruption and the loss take the replicas into account; other backends have no replicas here.
+This module imports no TensorFlow. Under a tf.distribute strategy (TensorFlow backend) each
+replica's step sees its share of the batch, and the corruption and the loss take the replicas
+into account. On JAX, keras.distribution's data-parallel step is one program over the global
+batch (sharded over the devices): the corruption draws for, and picks random patches from, the
+whole batch and the loss is its mean, exactly as on one device (a data-parallel run is one
+device's up to float rounding, tested); PyTorch trains on one device.
 
 For hybrids the ResNet stem sees the whole image before the corruption, so a corrupted token's
 neighbours still carry some of its colours through their receptive fields: the task is easier
@@ -65,7 +69,8 @@ _EDGE_TOLERANCE = 1e-4
 
 
 def _replica_context():
-    """The tf.distribute replica context on the TensorFlow backend; `None` elsewhere (no replicas here)."""
+    """The tf.distribute replica context on the TensorFlow backend; `None` elsewhere (a step there
+    sees the global batch: keras.distribution on JAX, one device on PyTorch)."""
     if keras.backend.backend() != "tensorflow":
         return None
     import tensorflow as tf
@@ -81,7 +86,8 @@ class PatchCorruption(keras.layers.Layer):
     corrupted (so every image and every replica has the same number of loss terms). Each
     corrupted patch independently becomes the [mask] embedding with probability `mask_rate`,
     the embedding of another patch of the batch (any image, never itself; under tf.distribute,
-    of the replica's share of the batch) with probability `random_rate`, and stays unchanged
+    of the replica's share of the batch; under JAX's keras.distribution, of the global batch)
+    with probability `random_rate`, and stays unchanged
     otherwise. Returns `(corrupted_embeddings,
     corrupted)`, the second a float `(batch, N)` indicator of the corrupted patches (the loss
     weights). The corruption is the pre-training task, so it applies in training and

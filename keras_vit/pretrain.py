@@ -2,10 +2,13 @@
 
 `pretrain(...)` (`keras-vit pretrain`) trains a `keras_vit.masked_patch.MaskedPatchPredictor`
 with the paper's recipe (`keras_vit.recipes.MASKED_PATCH_PREDICTION`: Adam, warm-up then
-cosine decay) through the package's one training driver (`keras_vit.runs.fit_task`): any
-tf.distribute strategy, XLA, exact resume, reports. Its keyword arguments are the run options
-of `keras_vit.options.MaskedPatchOptions`. The task's model, targets and loss live in
-`keras_vit.masked_patch` (no TensorFlow); their names are re-exported here.
+cosine decay) through the package's one training driver (`keras_vit.runs.fit_task`) on every
+Keras backend: a tf.distribute strategy and tf.data on TensorFlow, keras.distribution (data
+parallel over the local devices) on JAX, one device on PyTorch, their input a
+`keras.utils.PyDataset` (`keras_vit.pyinput`, without TensorFlow); XLA, exact resume, reports.
+Its keyword arguments are the run options of `keras_vit.options.MaskedPatchOptions`. The task's
+model, targets and loss live in `keras_vit.masked_patch`; their names are re-exported here.
+This module imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from keras_vit import data, defaults, environment, runs
-from keras_vit.datasets import load_unlabeled
+from keras_vit import defaults, runs
+from keras_vit.datasets import input_module, load_unlabeled
 from keras_vit.masked_patch import (
     MaskedPatchPredictor,
     PatchCorruption,
@@ -33,7 +36,11 @@ from keras_vit.options import MaskedPatchOptions, takes_options
 from keras_vit.recipes import MASKED_PATCH_PREDICTION, Recipe
 from keras_vit.variants import ViTConfig, model_config
 
+if TYPE_CHECKING:
+    from keras_vit import data
+
 __all__ = [
+    "ImageBatches",
     "MaskedPatchPredictor",
     "MaskedPatchTask",
     "PatchCorruption",
@@ -62,7 +69,7 @@ def pretrain(
     callbacks: Sequence[keras.callbacks.Callback] = (),
     options: MaskedPatchOptions,
 ) -> PretrainingResult:
-    """Masked-patch pre-training with `model.fit` under a tf.distribute strategy; resumable exactly.
+    """Masked-patch pre-training with `model.fit` on any Keras backend; resumable exactly.
 
     The paper's setting (App. B.1.2, `keras_vit.recipes.MASKED_PATCH_PREDICTION`): Adam (β1
     0.9, β2 0.999; `weight_decay` > 0 makes it AdamW on kernels), gradients clipped at global
@@ -73,9 +80,11 @@ def pretrain(
         model: a registry name (`keras_vit.list_models()`), or a `ViTConfig` (random initialisation).
         dataset: `"digits"` (its train split), an image folder (its `train/` if present; any
             sub-folders, whose names are ignored), a prepared tensorflow-datasets name
-            (`train_split` of it), a `keras_vit.data.Source`, or uint8-range images
-            `(N, H, W[, C])`. Labels are never used. (A `tf.data.Dataset` of normalised image
-            batches goes straight to `masked_patch_model(...).fit`.)
+            (`train_split` of it; TensorFlow only), a source of the backend's reader
+            (`keras_vit.data.Source` on TensorFlow, `keras_vit.pyinput.Source` on JAX and
+            PyTorch), or uint8-range images `(N, H, W[, C])`. Labels are never used. (Batches
+            of normalised images, a `tf.data.Dataset` or a `keras.utils.PyDataset`, go straight
+            to `masked_patch_model(...).fit`.)
         callbacks: extra Keras callbacks for `fit`.
         The run options below (`keras_vit.options.MaskedPatchOptions`; `target`, `bits`,
         `corrupt_rate`, `mask_rate`, `random_rate`: see `MaskedPatchPredictor`) are checked
@@ -86,9 +95,8 @@ def pretrain(
         pre-trained ViT, token output: load it with `to_classifier(path, num_classes)` to
         fine-tune), `report.json` (the per-epoch loss and patch accuracy, steps, seconds,
         images/s and the arguments), TensorBoard `logs/` and, while unfinished, `backup/`.
-        Running again with the same arguments resumes. TensorFlow only, for now (tf.data input).
+        TensorBoard logs on TensorFlow only. Running again with the same arguments resumes.
     """
-    environment.require_tensorflow_backend("Masked patch pre-training (keras_vit.pretrain)")
     options.check()
     arguments = runs.run_arguments(options, model=model, dataset=dataset)
     task = MaskedPatchTask(model_config(model), dataset, options)
@@ -114,7 +122,7 @@ class MaskedPatchTask:
         self.source = load_unlabeled(
             self.dataset, options.train_split, options.data_dir, options.on_bad_image
         )
-        return data.epoch_steps(self.source, batch_size)
+        return input_module().epoch_steps(self.source, batch_size)
 
     def sources(self) -> list[data.Source]:
         """The source read so far (for naming undecodable files)."""
@@ -141,21 +149,16 @@ class MaskedPatchTask:
     def compile(
         self, network: keras.Model, total_steps: int, jit_compile: bool, steps_per_execution: int
     ) -> None:
-        options = self.options
-        self.schedule = self.recipe.schedule(
-            total_steps,
-            learning_rate=options.learning_rate,
-            warmup_steps=options.warmup_steps,
-            weight_decay=options.weight_decay,
-        )
+        self.schedule, optimizer = self.recipe.run_optimizer(total_steps, self.options)
         network.compile(
-            optimizer=self.recipe.build_optimizer(total_steps, self.schedule),
+            optimizer=optimizer,
             jit_compile=jit_compile,
             steps_per_execution=steps_per_execution,
         )
 
-    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int) -> tf.data.Dataset:
-        return data.train_pipeline(
+    def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int):
+        """Batches of images only (labels dropped): tf.data on TensorFlow, a PyDataset elsewhere."""
+        batches = input_module().train_pipeline(
             self.source,
             image_size=tuple(network.backbone.input_shape[1:3]),
             batch_size=self.options.batch_size,
@@ -165,7 +168,10 @@ class MaskedPatchTask:
             start_epoch=start_epoch,
             steps_per_epoch=steps_per_epoch,
             **self.augmentation,
-        ).map(lambda image, label: image)  # unlabeled: labels are dropped before the model
+        )
+        if keras.backend.backend() == "tensorflow":
+            return batches.map(lambda image, label: image)  # unlabeled: labels are dropped before the model
+        return ImageBatches(batches)
 
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
         target = self.options.target
@@ -212,3 +218,19 @@ class MaskedPatchTask:
                 },
             },
         }
+
+
+class ImageBatches(keras.utils.PyDataset):
+    """The images of `(images, labels)` PyDataset batches (`keras_vit.pyinput.train_pipeline`'s):
+    item `i` is `(batches[i][0],)`, so it is as pure a function of `(seed, epoch, index)` as theirs."""
+
+    def __init__(self, batches: keras.utils.PyDataset):
+        super().__init__(workers=batches.workers, use_multiprocessing=False)
+        self.batches = batches
+
+    @property
+    def num_batches(self) -> int | None:
+        return self.batches.num_batches
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray]:
+        return (self.batches[index][0],)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import keras
@@ -42,6 +42,15 @@ __all__ = [
 
 OPTIMIZERS = ("adamw", "sgd")
 WARMUP_FRACTION = 0.1  # the default warm-up: this share of the steps, at most the recipe's cap
+
+
+class OptimizerOptions(Protocol):
+    """The run options a recipe's optimizer reads (`keras_vit.options.RunOptions` has them): `None`
+    takes the recipe's value."""
+
+    learning_rate: float | None
+    warmup_steps: int | None
+    weight_decay: float | None
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,20 @@ class Recipe:
             return optimization.pretraining_optimizer(total_steps, ema_momentum=ema_momentum, **schedule)
         values = {key: value for key, value in schedule.items() if key != "decay"}
         return optimization.finetuning_optimizer(total_steps, ema_momentum=ema_momentum, **values)
+
+    def run_optimizer(
+        self, total_steps: int, options: OptimizerOptions, ema_momentum: float | None = None
+    ) -> tuple[dict, keras.optimizers.Optimizer]:
+        """A run's `(schedule, optimizer)`: the `schedule` of `options`' learning rate, warm-up and
+        weight decay (each the recipe's where `None`) and the optimizer built from it; what every
+        task's `compile` uses (`keras_vit.runs.Task`)."""
+        schedule = self.schedule(
+            total_steps,
+            learning_rate=options.learning_rate,
+            warmup_steps=options.warmup_steps,
+            weight_decay=options.weight_decay,
+        )
+        return schedule, self.build_optimizer(total_steps, schedule, ema_momentum)
 
 
 FROM_SCRATCH = Recipe(

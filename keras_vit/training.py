@@ -227,14 +227,9 @@ class ClassificationTask:
         self, network: keras.Model, total_steps: int, jit_compile: bool, steps_per_execution: int
     ) -> None:
         options = self.options
-        self.schedule = self.recipe.schedule(
-            total_steps,
-            learning_rate=options.learning_rate,
-            warmup_steps=options.warmup_steps,
-            weight_decay=options.weight_decay,
-        )
+        self.schedule, optimizer = self.recipe.run_optimizer(total_steps, options, options.ema_momentum)
         network.compile(
-            optimizer=self.recipe.build_optimizer(total_steps, self.schedule, options.ema_momentum),
+            optimizer=optimizer,
             loss=optimization.loss(options.label_smoothing),
             metrics=[optimization.LabelAccuracy()],
             jit_compile=jit_compile,

@@ -1,10 +1,12 @@
-"""The training driver on JAX and PyTorch: runs without TensorFlow, its PyDataset input
-(`keras_vit.pyinput`) deterministic in (seed, epoch, index), exact resume on JAX after SIGKILL.
+"""The training driver on JAX and PyTorch: classification and masked patch pre-training run without
+TensorFlow, their PyDataset input (`keras_vit.pyinput`) deterministic in (seed, epoch, index), exact
+resume on JAX after SIGKILL, a backbone pre-trained on JAX fine-tuned there.
 
 The runs are subprocesses with `KERAS_BACKEND` set and TensorFlow blocked
 (`tests/helpers/backend_training_worker.py`); the input tests run in this process (NumPy).
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
 
-from keras_vit import pyinput
+from keras_vit import datasets, pretrain, pyinput
 
 WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
 TIMEOUT = 600
@@ -30,6 +32,8 @@ TINY_MODEL = {
 }
 # The digits, the from-scratch recipe (AdamW, mixup, stochastic depth, dropout 0.1): 4 epochs of 2 steps.
 TINY_RUN = {"model": TINY_MODEL, "batch_size": 16, "steps": 8, "steps_per_epoch": 2, "verbose": 0}
+# Masked patch prediction of the digits' images (16 patches of 4x4 pixels): 4 epochs of 2 steps.
+TINY_PRETRAINING = {**TINY_RUN, "task": "pretrain", "model": {**TINY_MODEL, "patch_size": 4}}
 
 
 def _worker(backend: str, arguments: dict, folder: Path, *mode: str, **env) -> subprocess.Popen:
@@ -113,6 +117,106 @@ def test_a_distribution_that_cannot_run_is_one_error_and_writes_nothing(backend,
     assert "Traceback" not in done.stderr and os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize(
+    "backend, devices, distribution",
+    [("jax", 2, ("DataParallel", 2)), ("torch", 1, ("default (one device)", 1))],
+    ids=["jax-data-parallel", "torch"],
+)
+def test_pretraining_runs_without_tensorflow(backend, devices, distribution, tmp_path):
+    """`pretrain()` (`keras-vit pretrain`) trains, saves the backbone and reports without importing
+    TensorFlow: data parallel over every (forced CPU) device on JAX, one device on PyTorch."""
+    output_dir = tmp_path / "run"
+    process = _worker(
+        backend,
+        {**TINY_PRETRAINING, "output_dir": str(output_dir), "steps": 4},
+        tmp_path,
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
+    result = _finished(process, tmp_path)
+    assert result["tensorflow_imported"] == [] and result["tensorflow_import_attempts"] == []
+    assert sorted(os.listdir(output_dir)) == ["backbone.keras", "report.json"]
+    report = json.loads((output_dir / "report.json").read_text())
+    assert report["backend"] == backend == result["backend_in_process"]
+    assert (report["strategy"], report["replicas"]) == distribution and len(report["devices"]) == devices
+    assert report["steps"] == 4 and report["data"]["labels_used"] is False
+    assert 0.0 < report["loss"] < 2 * report["chance_loss"] and 0.0 <= report["patch_accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_data_parallel_pretraining_is_one_device_pretraining_on_jax(tmp_path):
+    """On JAX each data-parallel step sees the global batch: the corruption (its patches, and the
+    random patches drawn from the whole batch) and the loss are those of one device, so the run
+    is one device's up to float rounding (the same patch accuracies, losses within 1e-5)."""
+    histories = {}
+    for strategy in ("default", "auto"):
+        folder = tmp_path / strategy
+        process = _worker(
+            "jax",
+            {**TINY_PRETRAINING, "output_dir": str(folder / "run"), "steps": 6, "strategy": strategy},
+            folder,
+            XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        )
+        result = _finished(process, folder)
+        assert result["replicas"] == (1 if strategy == "default" else 2)
+        histories[strategy] = result["history"]
+    one_device, data_parallel = histories["default"], histories["auto"]
+    assert data_parallel["patch_accuracy"] == one_device["patch_accuracy"]
+    np.testing.assert_allclose(data_parallel["loss"], one_device["loss"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_pretraining_resumes_bit_identically_after_sigkill_on_jax(tmp_path):
+    """Pre-training on JAX killed after an epoch and started again ends with the same weights (the
+    corruption's seed state included), bit for bit, as an uninterrupted run."""
+    reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
+    reference = _worker("jax", {**TINY_PRETRAINING, "output_dir": str(reference_dir / "run")}, reference_dir)
+    killed = _worker("jax", {**TINY_PRETRAINING, "output_dir": str(resumed_dir / "run")}, resumed_dir, "slow")
+    try:
+        sigkill_after_an_epoch(killed, resumed_dir / "run" / "backup", TIMEOUT)
+        first = _finished(reference, reference_dir)
+    finally:
+        for process in (reference, killed):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    killed_at = backup_epoch(resumed_dir / "run" / "backup")
+    assert 1 <= killed_at < 4 and not (resumed_dir / "run" / "backbone.keras").exists()
+    second = _finished(
+        _worker("jax", {**TINY_PRETRAINING, "output_dir": str(resumed_dir / "run")}, resumed_dir), resumed_dir
+    )
+    assert second["resumed_from_epoch"] == killed_at and first["resumed_from_epoch"] == 0
+    assert first["steps"] == second["steps"] == 8 and second["history"] == first["history"]
+    assert first["weights_sha256"] == second["weights_sha256"]
+    assert second["tensorflow_import_attempts"] == []
+
+
+@pytest.mark.slow
+def test_backbone_pretrained_on_jax_fine_tunes_on_jax(tmp_path):
+    """`keras-vit pretrain` then `keras-vit finetune --pretrained backbone.keras`, both on JAX and
+    without TensorFlow: the fine-tuned classifier is the pre-trained backbone's (its model config)."""
+    pretrained = _finished(
+        _worker(
+            "jax", {**TINY_PRETRAINING, "output_dir": str(tmp_path / "mpp"), "steps": 4}, tmp_path / "mpp_log"
+        ),
+        tmp_path / "mpp_log",
+    )
+    assert pretrained["backend"] == "jax"
+    backbone = tmp_path / "mpp" / "backbone.keras"
+    fine_tuning = {
+        **TINY_RUN,
+        "task": "finetune",
+        "pretrained": str(backbone),
+        "output_dir": str(tmp_path / "ft"),
+    }
+    result = _finished(_worker("jax", {**fine_tuning, "steps": 4}, tmp_path / "ft_log"), tmp_path / "ft_log")
+    assert result["tensorflow_import_attempts"] == [] and result["backend"] == "jax"
+    report = json.loads((tmp_path / "ft" / "report.json").read_text())
+    checkpoint = hashlib.sha256(backbone.read_bytes()).hexdigest()
+    assert report["recipe"] == "finetune" and report["checkpoint"]["sha256"] == checkpoint
+    assert report["model_config"]["patch_size"] == 4  # the backbone's, not TINY_RUN's model
+    assert report["steps"] == 4 and 0.0 <= report["accuracy"] <= 1.0
+
+
 @pytest.fixture(scope="module")
 def digits():
     return pyinput.load_digits()[0]
@@ -172,6 +276,40 @@ def test_augmentation_follows_the_source_and_the_options():
     spec = pyinput.Preprocessing(8, crop_pct=None, interpolation="bilinear")
     evaluated = pyinput.eval_pipeline(source, spec, batch_size=64)[0][0]
     np.testing.assert_allclose(plain, evaluated, atol=1e-6)
+
+
+def test_pretraining_batches_are_the_images_of_the_training_batches(digits):
+    """Pre-training's input off TensorFlow: batch i is `(images,)`, the images of the training
+    pipeline's batch i (labels dropped), so it is as deterministic in (seed, epoch, index)."""
+    reference = _pipeline(digits, mixup_alpha=0.0)
+    resumed = pretrain.ImageBatches(_pipeline(digits, mixup_alpha=0.0, start_epoch=2))
+    assert resumed.num_batches is None and resumed.workers == reference.workers
+    for epoch, index in [(3, 4), (2, 0)]:
+        (images,) = resumed[(epoch - 2) * 5 + index]
+        np.testing.assert_array_equal(images, reference.batch(epoch, index)[0])
+
+
+def test_unlabeled_data_reads_without_tensorflow(monkeypatch, tmp_path):
+    """`load_unlabeled` with the JAX and PyTorch reader (`keras_vit.pyinput`): the digits' train
+    split, an image folder (its train/), a pyinput source and uint8 arrays; tf.data's source is
+    one clear error."""
+    from PIL import Image
+
+    from keras_vit import data
+
+    monkeypatch.setattr(datasets, "input_module", lambda: pyinput)
+    digits = datasets.load_unlabeled("digits")
+    assert isinstance(digits, pyinput.Source) and digits.num_examples == pyinput.load_digits()[0].num_examples
+    for name in ("a", "b"):
+        (tmp_path / "images" / "train" / name).mkdir(parents=True)
+        Image.fromarray(np.full((6, 5, 3), 9, "uint8")).save(tmp_path / "images" / "train" / name / "1.png")
+    folder = datasets.load_unlabeled(str(tmp_path / "images"))
+    assert isinstance(folder, pyinput.Source) and folder.files[0].endswith("train/a/1.png")
+    arrays = datasets.load_unlabeled(np.zeros((3, 4, 4), "uint8"))
+    assert isinstance(arrays, pyinput.Source) and arrays.read(2)[0].shape == (4, 4, 3)
+    assert datasets.load_unlabeled(digits) is digits
+    with pytest.raises(ValueError, match="keras_vit.pyinput.from_arrays"):
+        datasets.load_unlabeled(data.from_arrays(np.zeros((2, 4, 4), "uint8"), np.zeros(2, "int32")))
 
 
 @pytest.mark.slow

@@ -63,7 +63,7 @@ def test_help_and_listings_import_no_backend(argv, backend, tmp_path):
         (["inspect", "missing.png", "--model", "vit_ti16", "--weights", "random"], "missing.png"),
         (["predict", "missing.png", "--model", "vit_ti16", "--weights", "false"], "missing.png"),
         (["train", "--dataset", "mnist", "--steps", "1"], "needs the TensorFlow backend (tf.data)"),
-        (["pretrain", "--steps", "1"], "needs the TensorFlow backend"),
+        (["pretrain", "--dataset", "mnist", "--steps", "1"], "needs the TensorFlow backend (tf.data)"),
     ],
     ids=lambda value: " ".join(value[:2]) if isinstance(value, list) else "",
 )

@@ -12,7 +12,6 @@ import sys
 
 from keras_vit import defaults
 from keras_vit.cli.startup import op_error_message
-from keras_vit.environment import require_tensorflow_backend
 from keras_vit.validation import existing_file, output_file, output_folder
 
 MODEL = "vit_b16"  # --model's default (predict, inspect, export, convert, push)
@@ -502,7 +501,6 @@ def run_train(args) -> int:
 
 def run_pretrain(args) -> int:
     """`pretrain`: `keras_vit.pretrain.pretrain` (masked patch prediction)."""
-    require_tensorflow_backend("keras-vit pretrain")  # before TensorFlow is imported
     from keras_vit import pretrain
 
     result = pretrain.pretrain(_model_config(args), args.dataset, **_options(args))

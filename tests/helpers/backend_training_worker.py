@@ -3,11 +3,13 @@
 
     python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json [slow]
 
-Calls `keras_vit.training.train(**ARGUMENTS)` (a `model` given as a dict is a `ViTConfig`;
-`slow`: every training step slowed by 0.3 s, so a test can kill the run mid-way) and writes
-`OUT.json`: the report's accuracy, backend, distribution, steps, history and start epoch, the
-SHA-256 of the final weights' bytes (in `model.weights` order) and which TensorFlow modules it
-tried to import and imported (none, if it holds).
+Calls `keras_vit.training.train(**ARGUMENTS)`, or with `"task": "finetune"` or `"pretrain"` in
+ARGUMENTS `keras_vit.training.finetune` or `keras_vit.pretrain.pretrain` (a `model` given as a
+dict is a `ViTConfig`; `slow`: every training step slowed by 0.3 s, so a test can kill the run
+mid-way) and writes `OUT.json`: the report's metrics (accuracy and loss, or pre-training's loss
+and patch accuracy), backend, distribution, steps, history and start epoch, the SHA-256 of the
+final weights' bytes (in `model.weights` order) and which TensorFlow modules it tried to import
+and imported (none, if it holds).
 """
 
 import hashlib
@@ -22,7 +24,9 @@ ATTEMPTS = block_tensorflow("training on JAX or PyTorch must not need TensorFlow
 
 import keras  # noqa: E402
 
-from keras_vit import ViTConfig, training  # noqa: E402
+from keras_vit import ViTConfig, pretrain, training  # noqa: E402
+
+TASKS = {"train": training.train, "finetune": training.finetune, "pretrain": pretrain.pretrain}
 
 
 class _Slow(keras.callbacks.Callback):
@@ -34,14 +38,26 @@ arguments_path, out_path, *mode = sys.argv[1:]
 arguments = json.loads(Path(arguments_path).read_text())
 if isinstance(arguments.get("model"), dict):
     arguments["model"] = ViTConfig.from_dict(arguments["model"])
-result = training.train(**arguments, callbacks=[_Slow()] if mode == ["slow"] else [])
+run = TASKS[arguments.pop("task", "train")]
+result = run(**arguments, callbacks=[_Slow()] if mode == ["slow"] else [])
 digest = hashlib.sha256()
 for weight in result.model.weights:
     digest.update(keras.ops.convert_to_numpy(weight).tobytes())
 report = result.report
 summary = {
     key: report.get(key)
-    for key in ("accuracy", "backend", "strategy", "replicas", "devices", "mesh", "steps", "history")
+    for key in (
+        "accuracy",
+        "loss",
+        "patch_accuracy",
+        "backend",
+        "strategy",
+        "replicas",
+        "devices",
+        "mesh",
+        "steps",
+        "history",
+    )
 }
 summary["resumed_from_epoch"] = report["resumed_from_epoch"]
 summary.update(
