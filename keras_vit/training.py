@@ -286,10 +286,12 @@ class ClassificationTask:
         padded, so that every batch splits between data-parallel devices), the padding dropped,
         then the compiled loss and top-1 accuracy over the real examples."""
         from keras_vit import pyinput
+        from keras_vit.runs.keras_distribution import predictions_in_every_process
 
         source = self.test_source
         batches = pyinput.eval_pipeline(source, eval_spec, batch_size=self.options.batch_size, pad=True)
-        logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
+        with predictions_in_every_process(network):  # each process feeds its rows of every batch
+            logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
         loss = keras.ops.convert_to_numpy(network.loss(source.labels, logits))
         return float(loss), float((logits.argmax(axis=-1) == source.labels).mean())
 

@@ -1,0 +1,206 @@
+"""Multi-process training on JAX through the driver (`keras.distribution.initialize`).
+
+Two processes on localhost, each with 2 host CPU devices and joined by the driver (process 0 by
+the `coordinator`, `num_processes`, `process_id` options, process 1 by Keras's
+`KERAS_DISTRIBUTION_*` variables), train the digits run data parallel over the 4 devices: every
+step's loss, the held-out accuracy and loss must be those of one process with 4 devices at the
+same global batch, and only process 0 writes the run's files. The runs are subprocesses
+(`tests/helpers/backend_training_worker.py`, TensorFlow blocked); the input split and the bad
+flags are checked here.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import subprocess_env
+
+from keras_vit import options, pyinput
+
+WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
+TIMEOUT = 600
+TOLERANCE = 1e-5
+# The digits and the from-scratch recipe (AdamW, mixup, stochastic depth) for 4 one-step epochs: the
+# per-epoch history is every step's loss.
+RUN = {
+    "model": {
+        "name": "vit_tiny_test",
+        "patch_size": 8,
+        "hidden_size": 32,
+        "depth": 2,
+        "num_heads": 2,
+        "mlp_dim": 64,
+        "image_size": 16,
+    },
+    "batch_size": 16,
+    "steps": 4,
+    "steps_per_epoch": 1,
+    "verbose": 0,
+}
+
+
+def _free_address() -> str:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return f"localhost:{probe.getsockname()[1]}"
+
+
+def _start(arguments: dict, folder: Path, devices: int, **env) -> subprocess.Popen:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "arguments.json").write_text(json.dumps(arguments))
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), str(folder / "arguments.json"), str(folder / "out.json")],
+        env=subprocess_env(
+            KERAS_BACKEND="jax", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **env
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _results(processes: list[subprocess.Popen], folders: list[Path]) -> list[dict]:
+    try:
+        for process in processes:
+            log = process.communicate(timeout=TIMEOUT)[0]
+            assert process.returncode == 0, log[-3000:]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [json.loads((folder / "out.json").read_text()) for folder in folders]
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one_process_of_the_same_devices(tmp_path):
+    """Per-step losses and held-out metrics equal one 4-device process's; process 0 alone writes."""
+    one_dir, two_dir = tmp_path / "one" / "run", tmp_path / "two" / "run"
+    address = _free_address()
+    folders = [tmp_path / "one", tmp_path / "process-0", tmp_path / "process-1"]
+    started = [
+        _start({**RUN, "output_dir": str(one_dir)}, folders[0], devices=4),
+        _start(
+            {**RUN, "output_dir": str(two_dir), "coordinator": address, "num_processes": 2, "process_id": 0},
+            folders[1],
+            devices=2,
+        ),
+        _start(
+            {**RUN, "output_dir": str(two_dir)},
+            folders[2],
+            devices=2,
+            KERAS_DISTRIBUTION_JOB_ADDRESSES=address,
+            KERAS_DISTRIBUTION_NUM_PROCESSES="2",
+            KERAS_DISTRIBUTION_PROCESS_ID="1",
+        ),
+    ]
+    one, chief, other = _results(started, folders)
+    assert len(one["history"]["loss"]) == 4
+    for process in (chief, other):
+        np.testing.assert_allclose(process["history"]["loss"], one["history"]["loss"], rtol=0, atol=TOLERANCE)
+        assert process["tensorflow_import_attempts"] == []
+    assert sorted(os.listdir(two_dir)) == ["labels.txt", "model.keras", "report.json"]  # no worker files
+    reference = json.loads((one_dir / "report.json").read_text())
+    report = json.loads((two_dir / "report.json").read_text())
+    assert (report["strategy"], report["replicas"], report["processes"]) == ("DataParallel", 4, 2)
+    assert len(report["devices"]) == 4 and "processes" not in reference
+    assert report["test_examples"] == reference["test_examples"]
+    assert abs(report["accuracy"] - reference["accuracy"]) <= TOLERANCE
+    assert abs(report["loss"] - reference["loss"]) <= TOLERANCE
+
+
+@pytest.mark.parametrize("mixup_alpha", [0.0, 0.2])
+def test_the_processes_rows_make_up_the_global_batch(mixup_alpha):
+    """Each process prepares its rows of a global batch (with mixup, blended with the rows they mirror)."""
+    source = pyinput.load_digits()[0]
+    arguments = dict(image_size=16, batch_size=8, seed=3, steps_per_epoch=5, mixup_alpha=mixup_alpha)
+    whole = pyinput.train_pipeline(source, **arguments).batch(2, 3)
+    parts = [
+        pyinput.train_pipeline(source, **arguments, rows=rows).batch(2, 3)
+        for rows in (slice(0, 4), slice(4, 8))
+    ]
+    for position in (0, 1):  # images, labels
+        np.testing.assert_array_equal(np.concatenate([part[position] for part in parts]), whole[position])
+
+
+@pytest.mark.parametrize(
+    "backend, flags, env, message",
+    [
+        (
+            "jax",
+            ["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "2"],
+            {},
+            "out of range",
+        ),
+        ("jax", ["--num-processes", "0"], {}, "--num-processes"),
+        ("jax", ["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], {}, "HOST:PORT"),
+        ("jax", ["--coordinator", "localhost:1234"], {}, "give --num-processes, --process-id too"),
+        (
+            "jax",
+            [],
+            {
+                "KERAS_DISTRIBUTION_JOB_ADDRESSES": "localhost:1234",
+                "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+                "KERAS_DISTRIBUTION_PROCESS_ID": "5",
+            },
+            "$KERAS_DISTRIBUTION_PROCESS_ID 5 is out of range",
+        ),
+        (
+            "torch",
+            ["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "0"],
+            {},
+            "needs the JAX backend",
+        ),
+        (
+            "tensorflow",
+            ["--coordinator", "localhost:1234", "--num-processes", "2", "--process-id", "0"],
+            {},
+            "TF_CONFIG",
+        ),
+    ],
+    ids=[
+        "id-out-of-range",
+        "no-processes",
+        "no-port",
+        "not-together",
+        "variable-out-of-range",
+        "torch",
+        "tensorflow",
+    ],
+)
+def test_a_multi_process_run_that_cannot_start_is_one_error_and_writes_nothing(
+    backend, flags, env, message, tmp_path
+):
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_vit.cli", "train", *flags, "--output-dir", "run"],
+        env=subprocess_env(KERAS_BACKEND=backend, **env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and os.listdir(tmp_path) == []
+
+
+def test_the_options_read_keras_variables_and_refuse_other_backends(monkeypatch):
+    """`RunOptions.processes`: the options, else Keras's variables; off JAX one error before anything runs."""
+    monkeypatch.setattr(options, "keras_backend", lambda: "jax")
+    assert options.RunOptions().processes() is None
+    monkeypatch.setenv("KERAS_DISTRIBUTION_JOB_ADDRESSES", "10.0.0.1:1234")
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "4")
+    monkeypatch.setenv("KERAS_DISTRIBUTION_PROCESS_ID", "3")
+    assert options.RunOptions().processes() == options.Processes("10.0.0.1:1234", 4, 3)
+    assert options.RunOptions(process_id=0).processes() == options.Processes("10.0.0.1:1234", 4, 0)
+    monkeypatch.setattr(options, "keras_backend", lambda: "torch")
+    named = "($KERAS_DISTRIBUTION_JOB_ADDRESSES, $KERAS_DISTRIBUTION_NUM_PROCESSES, --process-id)"
+    with pytest.raises(ValueError, match=re.escape(f"{named} needs the JAX backend")):
+        options.RunOptions(process_id=0).check()
