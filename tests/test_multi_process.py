@@ -78,41 +78,74 @@ def _results(processes: list[subprocess.Popen], folders: list[Path]) -> list[dic
     return [json.loads((folder / "out.json").read_text()) for folder in folders]
 
 
-@pytest.mark.slow
-def test_two_processes_train_as_one_process_of_the_same_devices(tmp_path):
-    """Per-step losses and held-out metrics equal one 4-device process's; process 0 alone writes."""
-    one_dir, two_dir = tmp_path / "one" / "run", tmp_path / "two" / "run"
+def _two_processes(arguments: dict, folder: Path) -> list[subprocess.Popen]:
+    """Processes 0 and 1 of a run, 2 devices each: 0 joined by the options, 1 by Keras's variables."""
     address = _free_address()
-    folders = [tmp_path / "one", tmp_path / "process-0", tmp_path / "process-1"]
-    started = [
-        _start({**RUN, "output_dir": str(one_dir)}, folders[0], devices=4),
+    return [
         _start(
-            {**RUN, "output_dir": str(two_dir), "coordinator": address, "num_processes": 2, "process_id": 0},
-            folders[1],
+            {**arguments, "coordinator": address, "num_processes": 2, "process_id": 0},
+            folder / "process-0",
             devices=2,
         ),
         _start(
-            {**RUN, "output_dir": str(two_dir)},
-            folders[2],
+            arguments,
+            folder / "process-1",
             devices=2,
             KERAS_DISTRIBUTION_JOB_ADDRESSES=address,
             KERAS_DISTRIBUTION_NUM_PROCESSES="2",
             KERAS_DISTRIBUTION_PROCESS_ID="1",
         ),
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra, mesh",
+    [
+        ({}, {"shape": [4], "axis_names": ["batch"]}),
+        ({"model_parallel": 2}, {"shape": [2, 2], "axis_names": ["batch", "model"]}),
+    ],
+    ids=["data-parallel", "model-parallel"],
+)
+def test_two_processes_train_as_one_process_of_the_same_devices(extra, mesh, tmp_path):
+    """Per-step losses and held-out metrics equal one 4-device process's; process 0 alone writes.
+    Model parallel: each process holds one replica split over its 2 devices."""
+    one_dir, two_dir = tmp_path / "one" / "run", tmp_path / "two" / "run"
+    folders = [tmp_path / "one", tmp_path / "process-0", tmp_path / "process-1"]
+    started = [
+        _start({**RUN, **extra, "output_dir": str(one_dir)}, folders[0], devices=4),
+        *_two_processes({**RUN, **extra, "output_dir": str(two_dir)}, tmp_path),
+    ]
     one, chief, other = _results(started, folders)
-    assert len(one["history"]["loss"]) == 4
+    assert len(one["history"]["loss"]) == 4 and one["mesh"] == mesh
     for process in (chief, other):
         np.testing.assert_allclose(process["history"]["loss"], one["history"]["loss"], rtol=0, atol=TOLERANCE)
         assert process["tensorflow_import_attempts"] == []
     assert sorted(os.listdir(two_dir)) == ["labels.txt", "model.keras", "report.json"]  # no worker files
     reference = json.loads((one_dir / "report.json").read_text())
     report = json.loads((two_dir / "report.json").read_text())
-    assert (report["strategy"], report["replicas"], report["processes"]) == ("DataParallel", 4, 2)
-    assert len(report["devices"]) == 4 and "processes" not in reference
+    assert (report["mesh"], report["processes"], len(report["devices"])) == (mesh, 2, 4)
+    assert report["replicas"] == reference["replicas"] and "processes" not in reference
     assert report["test_examples"] == reference["test_examples"]
     assert abs(report["accuracy"] - reference["accuracy"]) <= TOLERANCE
     assert abs(report["loss"] - reference["loss"]) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_model_replica_split_between_processes_is_refused(tmp_path):
+    """model_parallel=4 over two processes of 2 devices: one clear error in each, nothing written."""
+    started = _two_processes({**RUN, "model_parallel": 4, "output_dir": str(tmp_path / "run")}, tmp_path)
+    try:
+        logs = [process.communicate(timeout=TIMEOUT)[0] for process in started]
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, log in zip(started, logs, strict=True):
+        assert process.returncode != 0
+        assert "model_parallel=4 would split each model replica between processes" in log, log[-3000:]
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("mixup_alpha", [0.0, 0.2])

@@ -79,7 +79,8 @@ def _refuse(strategy) -> None:
 def model_parallel(size: int, strategy, config) -> keras.distribution.ModelParallel:
     """The distribution of `model_parallel=size` (> 1): keras_vit's Megatron-style `ModelParallel`
     over every device (`keras_vit.parallel.make_distribution`), checked against the model's
-    `config`; JAX only, and with the default strategy (this is the run's distribution)."""
+    `config`; JAX only, with the default strategy (this is the run's distribution), and in a
+    multi-process run within each process (a replica split between processes could not be saved)."""
     backend = keras.backend.backend()
     if backend != "jax":
         raise ValueError(
@@ -89,6 +90,15 @@ def model_parallel(size: int, strategy, config) -> keras.distribution.ModelParal
     if not (isinstance(strategy, str) and strategy in _DATA_PARALLEL):
         raise ValueError(
             f"model_parallel={size} makes the run's distribution: leave strategy at 'auto', not {strategy!r}."
+        )
+    import jax
+
+    local = jax.local_device_count()
+    if jax.process_count() > 1 and local % size:
+        raise ValueError(
+            f"model_parallel={size} would split each model replica between processes, whose devices "
+            f"(here {local} per process) cannot read or save such weights alone: in a multi-process run "
+            "use a model_parallel that divides each process's devices."
         )
     from keras_vit.parallel import make_distribution
 
