@@ -1,12 +1,12 @@
 """Multi-process training on JAX through the driver (`keras.distribution.initialize`).
 
-Two processes on localhost, each with 2 host CPU devices and joined by the driver (process 0 by
-the `coordinator`, `num_processes`, `process_id` options, process 1 by Keras's
-`KERAS_DISTRIBUTION_*` variables), train the digits run data parallel over the 4 devices: every
-step's loss, the held-out accuracy and loss must be those of one process with 4 devices at the
-same global batch, and only process 0 writes the run's files. The runs are subprocesses
-(`tests/helpers/backend_training_worker.py`, TensorFlow blocked); the input split and the bad
-flags are checked here.
+Two processes on localhost, each with 2 host CPU devices and joined by the driver (process 0:
+`training.train` with the `coordinator`, `num_processes`, `process_id` options, in
+`tests/helpers/backend_training_worker.py` with TensorFlow blocked; process 1: `keras-vit train`
+with Keras's `KERAS_DISTRIBUTION_*` variables), train the digits data or model parallel over
+the 4 devices: every step's loss, the held-out accuracy and loss must be those of one process
+with 4 devices at the same global batch, and only process 0 writes the run's files. The input
+split and the bad flags are checked in this process or before the backend is imported.
 """
 
 import json
@@ -26,18 +26,11 @@ from keras_vit import options, pyinput
 WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
 TIMEOUT = 600
 TOLERANCE = 1e-5
-# The digits and the from-scratch recipe (AdamW, mixup, stochastic depth) for 4 one-step epochs: the
-# per-epoch history is every step's loss.
+# The main job's model at 16 px, the digits and the from-scratch recipe (AdamW, mixup, stochastic
+# depth) for 4 one-step epochs: the per-epoch history is every step's loss.
 RUN = {
-    "model": {
-        "name": "vit_tiny_test",
-        "patch_size": 8,
-        "hidden_size": 32,
-        "depth": 2,
-        "num_heads": 2,
-        "mlp_dim": 64,
-        "image_size": 16,
-    },
+    "model": "vit_digits",
+    "image_size": 16,
     "batch_size": 16,
     "steps": 4,
     "steps_per_epoch": 1,
@@ -51,11 +44,19 @@ def _free_address() -> str:
         return f"localhost:{probe.getsockname()[1]}"
 
 
-def _start(arguments: dict, folder: Path, devices: int, **env) -> subprocess.Popen:
+def _start(
+    arguments: dict, folder: Path, devices: int, command_line: bool = False, **env
+) -> subprocess.Popen:
+    """`training.train(**arguments)` in the TensorFlow-blocked worker (its summary in `folder/out.json`),
+    or with `command_line` the same as `keras-vit train` flags."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "arguments.json").write_text(json.dumps(arguments))
+    command = [str(WORKER), str(folder / "arguments.json"), str(folder / "out.json")]
+    if command_line:
+        flags = [[f"--{name.replace('_', '-')}", str(value)] for name, value in arguments.items()]
+        command = ["-m", "keras_vit.cli", "train", *(word for flag in flags for word in flag)]
     return subprocess.Popen(
-        [sys.executable, str(WORKER), str(folder / "arguments.json"), str(folder / "out.json")],
+        [sys.executable, *command],
         env=subprocess_env(
             KERAS_BACKEND="jax", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **env
         ),
@@ -65,21 +66,20 @@ def _start(arguments: dict, folder: Path, devices: int, **env) -> subprocess.Pop
     )
 
 
-def _results(processes: list[subprocess.Popen], folders: list[Path]) -> list[dict]:
+def _logs(processes: list[subprocess.Popen]) -> list[str]:
+    """Each process's output once all have ended (all killed if one overruns)."""
     try:
-        for process in processes:
-            log = process.communicate(timeout=TIMEOUT)[0]
-            assert process.returncode == 0, log[-3000:]
+        return [process.communicate(timeout=TIMEOUT)[0] for process in processes]
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    return [json.loads((folder / "out.json").read_text()) for folder in folders]
 
 
 def _two_processes(arguments: dict, folder: Path) -> list[subprocess.Popen]:
-    """Processes 0 and 1 of a run, 2 devices each: 0 joined by the options, 1 by Keras's variables."""
+    """Processes 0 and 1 of a run, 2 devices each: 0 `training.train` joined by the options,
+    1 `keras-vit train` joined by Keras's variables."""
     address = _free_address()
     return [
         _start(
@@ -91,6 +91,7 @@ def _two_processes(arguments: dict, folder: Path) -> list[subprocess.Popen]:
             arguments,
             folder / "process-1",
             devices=2,
+            command_line=True,
             KERAS_DISTRIBUTION_JOB_ADDRESSES=address,
             KERAS_DISTRIBUTION_NUM_PROCESSES="2",
             KERAS_DISTRIBUTION_PROCESS_ID="1",
@@ -111,16 +112,16 @@ def test_two_processes_train_as_one_process_of_the_same_devices(extra, mesh, tmp
     """Per-step losses and held-out metrics equal one 4-device process's; process 0 alone writes.
     Model parallel: each process holds one replica split over its 2 devices."""
     one_dir, two_dir = tmp_path / "one" / "run", tmp_path / "two" / "run"
-    folders = [tmp_path / "one", tmp_path / "process-0", tmp_path / "process-1"]
     started = [
-        _start({**RUN, **extra, "output_dir": str(one_dir)}, folders[0], devices=4),
+        _start({**RUN, **extra, "output_dir": str(one_dir)}, tmp_path / "one", devices=4),
         *_two_processes({**RUN, **extra, "output_dir": str(two_dir)}, tmp_path),
     ]
-    one, chief, other = _results(started, folders)
+    for process, log in zip(started, _logs(started), strict=True):
+        assert process.returncode == 0, log[-3000:]
+    one, chief = (json.loads((tmp_path / name / "out.json").read_text()) for name in ("one", "process-0"))
     assert len(one["history"]["loss"]) == 4 and one["mesh"] == mesh
-    for process in (chief, other):
-        np.testing.assert_allclose(process["history"]["loss"], one["history"]["loss"], rtol=0, atol=TOLERANCE)
-        assert process["tensorflow_import_attempts"] == []
+    np.testing.assert_allclose(chief["history"]["loss"], one["history"]["loss"], rtol=0, atol=TOLERANCE)
+    assert chief["tensorflow_import_attempts"] == []
     assert sorted(os.listdir(two_dir)) == ["labels.txt", "model.keras", "report.json"]  # no worker files
     reference = json.loads((one_dir / "report.json").read_text())
     report = json.loads((two_dir / "report.json").read_text())
@@ -135,14 +136,7 @@ def test_two_processes_train_as_one_process_of_the_same_devices(extra, mesh, tmp
 def test_a_model_replica_split_between_processes_is_refused(tmp_path):
     """model_parallel=4 over two processes of 2 devices: one clear error in each, nothing written."""
     started = _two_processes({**RUN, "model_parallel": 4, "output_dir": str(tmp_path / "run")}, tmp_path)
-    try:
-        logs = [process.communicate(timeout=TIMEOUT)[0] for process in started]
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for process, log in zip(started, logs, strict=True):
+    for process, log in zip(started, _logs(started), strict=True):
         assert process.returncode != 0
         assert "model_parallel=4 would split each model replica between processes" in log, log[-3000:]
     assert not (tmp_path / "run").exists()
