@@ -142,6 +142,32 @@ def test_a_model_replica_split_between_processes_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
+def test_processes_whose_backups_disagree_stop_with_one_clear_error(tmp_path):
+    """Before training, the processes compare the epoch their backups resume after
+    (`same_in_every_process`): processes stopped at different moments do not train out of step."""
+    address = _free_address()
+    code = (
+        "import sys; from keras_vit.options import Processes; "
+        "from keras_vit.runs import keras_distribution as distribution; "
+        "index = int(sys.argv[1]); distribution.join_processes(Processes(sys.argv[2], 2, index)); "
+        "distribution.same_in_every_process('the epoch their backups resume after', index + 3)"
+    )
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(index), address],
+            env=subprocess_env(KERAS_BACKEND="jax"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for index in (0, 1)
+    ]
+    for process, log in zip(started, _logs(started), strict=True):
+        assert process.returncode != 0
+        assert "disagree on the epoch their backups resume after: [3, 4] (by process)" in log, log[-3000:]
+
+
 @pytest.mark.parametrize("mixup_alpha", [0.0, 0.2])
 def test_the_processes_rows_make_up_the_global_batch(mixup_alpha):
     """Each process prepares its rows of a global batch (with mixup, blended with the rows they mirror)."""

@@ -300,8 +300,9 @@ def same_in_every_process(name: str, value: int) -> None:
     values = np.asarray(multihost_utils.process_allgather(np.int64(value))).ravel().tolist()
     if len(set(values)) > 1:
         raise ValueError(
-            f"The processes of this run disagree on {name}: {values} (by process). Every process must "
-            "find the same backup: start all of them with the same output folder and arguments."
+            f"The processes of this run disagree on {name}: {values} (by process). Start every process "
+            "with the same output folder and arguments; processes stopped at different moments may have "
+            "backed up different epochs: then remove the run's backup folder to start over."
         )
 
 
