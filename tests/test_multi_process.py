@@ -15,11 +15,12 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import subprocess_env
+from helpers import backup_epoch, subprocess_env
 
 from keras_vit import options, pyinput
 
@@ -45,13 +46,13 @@ def _free_address() -> str:
 
 
 def _start(
-    arguments: dict, folder: Path, devices: int, command_line: bool = False, **env
+    arguments: dict, folder: Path, devices: int, command_line: bool = False, slow: bool = False, **env
 ) -> subprocess.Popen:
-    """`training.train(**arguments)` in the TensorFlow-blocked worker (its summary in `folder/out.json`),
-    or with `command_line` the same as `keras-vit train` flags."""
+    """`training.train(**arguments)` in the TensorFlow-blocked worker (its summary in `folder/out.json`;
+    `slow`: 0.3 s more per step), or with `command_line` the same as `keras-vit train` flags."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "arguments.json").write_text(json.dumps(arguments))
-    command = [str(WORKER), str(folder / "arguments.json"), str(folder / "out.json")]
+    command = [str(WORKER), str(folder / "arguments.json"), str(folder / "out.json"), *(["slow"] * slow)]
     if command_line:
         flags = [[f"--{name.replace('_', '-')}", str(value)] for name, value in arguments.items()]
         command = ["-m", "keras_vit.cli", "train", *(word for flag in flags for word in flag)]
@@ -130,6 +131,53 @@ def test_two_processes_train_as_one_process_of_the_same_devices(extra, mesh, tmp
     assert report["test_examples"] == reference["test_examples"]
     assert abs(report["accuracy"] - reference["accuracy"]) <= TOLERANCE
     assert abs(report["loss"] - reference["loss"]) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_two_processes_killed_after_an_epoch_resume_from_their_backups(tmp_path):
+    """Both processes SIGKILLed once each has backed up the same epoch, then started again: each
+    restores its own backup (process 1's in backup/worker-1) and the run ends as one 4-device process's."""
+    one_dir, two_dir = tmp_path / "one" / "run", tmp_path / "two" / "run"
+    address = _free_address()
+    reference = _start({**RUN, "output_dir": str(one_dir)}, tmp_path / "one", devices=4)
+
+    def pair(slow: bool) -> list[subprocess.Popen]:
+        return [
+            _start(
+                {
+                    **RUN,
+                    "output_dir": str(two_dir),
+                    "coordinator": address,
+                    "num_processes": 2,
+                    "process_id": index,
+                },
+                tmp_path / f"process-{index}",
+                devices=2,
+                slow=slow,
+            )
+            for index in (0, 1)
+        ]
+
+    killed, backups = pair(slow=True), [two_dir / "backup", two_dir / "backup" / "worker-1"]
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (1 <= backup_epoch(backups[0]) == backup_epoch(backups[1]) < 4):
+            assert all(process.poll() is None for process in killed) and time.monotonic() < deadline
+            time.sleep(0.02)
+        for process in killed:
+            process.kill()
+    finally:
+        _logs(killed)
+    killed_at = backup_epoch(backups[0])
+    assert killed_at == backup_epoch(backups[1]) and not (two_dir / "model.keras").exists()
+    resumed = pair(slow=False)
+    for process, log in zip([reference, *resumed], _logs([reference, *resumed]), strict=True):
+        assert process.returncode == 0, log[-3000:]
+    one, chief = (json.loads((tmp_path / name / "out.json").read_text()) for name in ("one", "process-0"))
+    assert chief["resumed_from_epoch"] == killed_at and one["resumed_from_epoch"] == 0
+    np.testing.assert_allclose(chief["history"]["loss"], one["history"]["loss"], rtol=0, atol=TOLERANCE)
+    assert abs(chief["accuracy"] - one["accuracy"]) <= TOLERANCE
+    assert sorted(os.listdir(two_dir)) == ["labels.txt", "model.keras", "report.json"]
 
 
 @pytest.mark.slow
