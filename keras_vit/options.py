@@ -25,18 +25,21 @@ import argparse
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from keras_vit import defaults
 from keras_vit import validation as check
+from keras_vit.environment import keras_backend
 from keras_vit.recipes import WARMUP_FRACTION, Recipe
 
 __all__ = [
     "ClassifierOptions",
     "MaskedPatchOptions",
     "Option",
+    "Processes",
     "RunOptions",
     "option",
     "help_context",
@@ -152,6 +155,35 @@ def _steps_per_execution(text: str) -> int | str:
     return value
 
 
+def _job_addresses(name: str, value) -> str:
+    """`HOST:PORT` (or Keras's comma-separated list of them, process 0's first), the port in 1..65535."""
+    for address in value.split(",") if isinstance(value, str) else [value]:
+        host, _, port = address.strip().rpartition(":") if isinstance(address, str) else ("", "", "")
+        if not (host and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(
+                f"{name} must be process 0's address as HOST:PORT with a port in 1..65535 (e.g. "
+                f"10.0.0.1:1234, or localhost:1234 on one machine), got {value!r}."
+            )
+    return value
+
+
+# The environment variables `keras.distribution.initialize` reads, by the option that overrides each.
+PROCESS_VARIABLES = {
+    "coordinator": "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+    "num_processes": "KERAS_DISTRIBUTION_NUM_PROCESSES",
+    "process_id": "KERAS_DISTRIBUTION_PROCESS_ID",
+}
+
+
+@dataclass(frozen=True)
+class Processes:
+    """A multi-process JAX run: `keras.distribution.initialize`'s arguments (`RunOptions.processes`)."""
+
+    job_addresses: str  # process 0's HOST:PORT (the coordinator), or Keras's comma-separated list
+    num_processes: int
+    process_id: int
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """What every training run takes (`train`, `finetune`, `pretrain`; the `keras-vit` training commands)."""
@@ -256,6 +288,28 @@ class RunOptions:
         "run",
         check.positive_int,
     )
+    coordinator: str | None = option(
+        None,
+        "JAX multi-process run: process 0's HOST:PORT, the same in every process (default "
+        "$KERAS_DISTRIBUTION_JOB_ADDRESSES; unset: one process)",
+        "run",
+        _job_addresses,
+        parse=str,
+        metavar="HOST:PORT",
+    )
+    num_processes: int | None = option(
+        None,
+        "JAX multi-process run: how many processes (default $KERAS_DISTRIBUTION_NUM_PROCESSES)",
+        "run",
+        check.positive_int,
+    )
+    process_id: int | None = option(
+        None,
+        "JAX multi-process run: this process's index, 0 (writes the run's files) to N-1 "
+        "(default $KERAS_DISTRIBUTION_PROCESS_ID)",
+        "run",
+        check.non_negative_int,
+    )
     precision: str = option(
         defaults.PRECISIONS[0],
         "float32, or mixed precision (mixed_float16 is loss-scaled)",
@@ -293,7 +347,61 @@ class RunOptions:
             spec.check(field.name, getattr(self, field.name), field.default)
         if self.steps is not None and self.epochs is not None:
             raise ValueError("Give the training length as steps or as epochs, not both.")
+        self.processes()
         return self
+
+    def processes(self) -> Processes | None:
+        """The multi-process run asked for, or `None` for one process.
+
+        `coordinator`, `num_processes` and `process_id` (each else its
+        `KERAS_DISTRIBUTION_*` variable, `PROCESS_VARIABLES`) go together: given one, all three
+        are needed, `process_id` must be below `num_processes`, and Keras must run on JAX (the one
+        backend `keras.distribution.initialize` is implemented on). `ValueError` says what is wrong.
+        """
+        given = {}
+        for name, variable in PROCESS_VARIABLES.items():
+            value, flag = getattr(self, name), "--" + name.replace("_", "-")
+            if value is None and os.environ.get(variable):
+                value, flag = os.environ[variable], f"${variable}"
+                if name != "coordinator":
+                    try:
+                        value = int(value)
+                    except ValueError:
+                        raise ValueError(f"{variable} must be an integer, got {value!r}.") from None
+            if value is not None:
+                given[name] = (value, flag)
+        if not given:
+            return None
+        backend = keras_backend()
+        if backend != "jax":
+            flags = ", ".join(flag for _, flag in given.values())
+            instead = (
+                " (on TensorFlow: TF_CONFIG and --strategy multi_worker)" if backend == "tensorflow" else ""
+            )
+            raise ValueError(
+                f"A multi-process run ({flags}) needs the JAX backend (keras.distribution.initialize), but "
+                f"Keras runs on {backend!r}: run every process with KERAS_BACKEND=jax{instead}."
+            )
+        missing = [name for name in PROCESS_VARIABLES if name not in given]
+        if missing:
+            flags = ", ".join("--" + name.replace("_", "-") for name in missing)
+            variables = ", ".join(PROCESS_VARIABLES[name] for name in missing)
+            raise ValueError(
+                "A multi-process run needs --coordinator, --num-processes and --process-id together: "
+                f"give {flags} too (or set {variables})."
+            )
+        (addresses, address_flag), (count, count_flag), (index, index_flag) = (
+            given[name] for name in PROCESS_VARIABLES
+        )
+        _job_addresses(address_flag, addresses)
+        check.positive_int(count_flag, count)
+        check.non_negative_int(index_flag, index)
+        if index >= count:
+            raise ValueError(
+                f"{index_flag} {index} is out of range for {count} processes: use 0 (process 0, which "
+                f"writes the run's files) to {count - 1}."
+            )
+        return Processes(addresses, count, index)
 
     def arguments(self) -> dict:
         """The options by name (for reports and the exact-resume check)."""

@@ -429,11 +429,21 @@ def _crop_box(
     return 0, 0, height, width
 
 
+def _process_rows(batch_size: int) -> slice:
+    """The rows of each global batch this process feeds: all of them, but in a multi-process JAX
+    run the share Keras expects of this process (`keras_vit.runs.keras_distribution.process_rows`)."""
+    from keras_vit.runs.keras_distribution import process_rows
+
+    return process_rows(batch_size)
+
+
 class TrainBatches(keras.utils.PyDataset):
     """Endless training batches `(float32 (B, H, W, 3), labels)`: `train_pipeline`'s result.
 
     `batch(epoch, index)` is batch `index` of epoch `epoch`, a pure function of `(seed, epoch,
     index)`; `self[i]` is batch `i` counted from `start_epoch` (what `model.fit` reads in turn).
+    Each is the `rows` of the global batch (`slice(0, batch_size)`: all; by default this
+    process's, `_process_rows`): the pieces of the processes of a run make up the global batch.
     """
 
     def __init__(
@@ -454,6 +464,7 @@ class TrainBatches(keras.utils.PyDataset):
         interpolation: str,
         mixup_alpha: float,
         workers: int = 1,
+        rows: slice | None = None,
     ):
         super().__init__(workers=workers, use_multiprocessing=False)
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
@@ -462,6 +473,7 @@ class TrainBatches(keras.utils.PyDataset):
         self.augment, self.crop_scale, self.crop_ratio, self.flip = augment, crop_scale, crop_ratio, flip
         self.resample = _resampling(interpolation)
         self.mixup_alpha = mixup_alpha
+        self.rows = list(range(batch_size)[_process_rows(batch_size) if rows is None else rows])
         self._orders: dict[int, np.ndarray] = {}
 
     @property
@@ -491,10 +503,12 @@ class TrainBatches(keras.utils.PyDataset):
         return pixels, label
 
     def batch(self, epoch: int, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Batch `index` of epoch `epoch`: global batch `epoch * steps + index` of the stream."""
+        """`rows` of batch `index` of epoch `epoch`: global batch `epoch * steps + index` of the stream."""
         global_index = epoch * self.steps + index
         first = global_index * self.batch_size
-        examples = [self.example(first + offset) for offset in range(self.batch_size)]
+        partners = [self.batch_size - 1 - row for row in self.rows]  # mixup blends row r with row B - 1 - r
+        needed = sorted({*self.rows, *partners}) if self.mixup_alpha else self.rows
+        examples = [self.example(first + row) for row in needed]
         images = normalize(np.stack([image for image, _ in examples]), self.mean, self.std)
         labels = np.asarray([label for _, label in examples], dtype="int32")
         if not self.mixup_alpha:
@@ -502,9 +516,11 @@ class TrainBatches(keras.utils.PyDataset):
         rng = np.random.default_rng([self.seed, _MIXUP_STREAM, global_index])
         weight = np.float32(rng.beta(self.mixup_alpha, self.mixup_alpha))
         one_hot = np.eye(self.source.num_classes, dtype="float32")[labels]
+        position = {row: place for place, row in enumerate(needed)}
+        own, other = ([position[row] for row in part] for part in (self.rows, partners))
         return (
-            weight * images + (1.0 - weight) * images[::-1],
-            weight * one_hot + (1.0 - weight) * one_hot[::-1],
+            weight * images[own] + (1.0 - weight) * images[other],
+            weight * one_hot[own] + (1.0 - weight) * one_hot[other],
         )
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
@@ -543,11 +559,14 @@ def train_pipeline(
     interpolation: str = "bilinear",
     mixup_alpha: float = 0.0,
     workers: int = 1,
+    rows: slice | None = None,
 ) -> TrainBatches:
     """Endless training batches as a `keras.utils.PyDataset`, resumable at any epoch.
 
     The arguments and augmentation of `keras_vit.data.train_pipeline` (see the module
     docstring for how the random numbers are drawn); `workers` threads prepare batches ahead.
+    `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
+    of them, but in a multi-process JAX run this process's (`_process_rows`).
     """
     crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     if mixup_alpha:
@@ -568,6 +587,7 @@ def train_pipeline(
         interpolation=interpolation,
         mixup_alpha=mixup_alpha,
         workers=workers,
+        rows=rows,
     )
 
 
@@ -575,7 +595,8 @@ class BatchedImages(keras.utils.PyDataset):
     """One pass over a source in stored order, each image resized whole and rounded to uint8
     values, then normalised: `eval_pipeline`'s result. The last batch keeps the remainder, or
     with `pad` is filled up to `batch_size` with copies of the last example (every batch then
-    splits evenly between data-parallel devices; drop the extra predictions)."""
+    splits evenly between data-parallel devices; drop the extra predictions). In a
+    multi-process JAX run each batch is this process's rows of it (`_process_rows`)."""
 
     def __init__(self, source: Source, spec: Preprocessing, batch_size: int, pad: bool = False):
         super().__init__()
@@ -590,6 +611,7 @@ class BatchedImages(keras.utils.PyDataset):
         indices = range(index * self.batch_size, min((index + 1) * self.batch_size, last + 1))
         if self.pad:
             indices = [*indices, *[last] * (self.batch_size - len(indices))]
+        indices = indices[_process_rows(len(indices))]
         images, labels = [], []
         for example in indices:
             image, label = self.source.read(example)

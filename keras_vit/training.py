@@ -26,8 +26,9 @@ the held-out accuracy.
 Backends. On TensorFlow the input is tf.data (`keras_vit.data`) and the run a tf.distribute
 strategy's; on JAX and PyTorch the input is a `keras.utils.PyDataset` (`keras_vit.pyinput`:
 the same augmentation and the same resumable plan, in NumPy and Pillow, without TensorFlow)
-and the run keras.distribution's on JAX (data parallel over the local devices), one device's
-on PyTorch. tensorflow-datasets names need TensorFlow.
+and the run keras.distribution's on JAX (data parallel over the local devices, or over several
+processes' with `--coordinator`), one device's on PyTorch. tensorflow-datasets names need
+TensorFlow.
 """
 
 from __future__ import annotations
@@ -281,10 +282,12 @@ class ClassificationTask:
         padded, so that every batch splits between data-parallel devices), the padding dropped,
         then the compiled loss and top-1 accuracy over the real examples."""
         from keras_vit import pyinput
+        from keras_vit.runs.keras_distribution import predictions_in_every_process
 
         source = self.test_source
         batches = pyinput.eval_pipeline(source, eval_spec, batch_size=self.options.batch_size, pad=True)
-        logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
+        with predictions_in_every_process(network):  # each process feeds its rows of every batch
+            logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
         loss = keras.ops.convert_to_numpy(network.loss(source.labels, logits))
         return float(loss), float((logits.argmax(axis=-1) == source.labels).mean())
 

@@ -485,6 +485,12 @@ def _options(args) -> dict:
     return {field.name: getattr(args, field.name) for field, _ in option_fields(args.options_class)}
 
 
+def check_run_options(args) -> None:
+    """The training commands' checks before the backend is imported: a multi-process run's flags
+    (`--coordinator`, `--num-processes`, `--process-id` or their variables) go together, on JAX."""
+    args.options_class(**_options(args)).processes()
+
+
 def run_train(args) -> int:
     """`train` and `finetune`: `keras_vit.training.train` with the command's recipe."""
     from keras_vit import training

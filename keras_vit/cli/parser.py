@@ -136,7 +136,7 @@ def _add_run_command(
         groups["model"].add_argument(flag, type=_POSITIVE_INT, default=None, help=f"custom size: {text}")
     groups["data"].add_argument("--dataset", default=defaults.DATASET, help=dataset_help)
     add_options(parser, options_class, recipe, saved_file, groups, **defaults_here)
-    parser.set_defaults(recipe=recipe.name)
+    parser.set_defaults(recipe=recipe.name, check=commands.check_run_options)
     return parser
 
 

@@ -17,6 +17,7 @@ final metrics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -54,7 +55,15 @@ __all__ = [
 ]
 
 # Options that do not change the run's results: a resumed run may change them.
-_FREE_ON_RESUME = ("strategy", "verbose", "steps_per_execution", "overwrite")
+_FREE_ON_RESUME = (
+    "strategy",
+    "verbose",
+    "steps_per_execution",
+    "overwrite",
+    "coordinator",
+    "num_processes",
+    "process_id",
+)
 # Arguments that may name an input file or folder: the output folder must not hold them.
 _INPUT_ARGUMENTS = ("dataset", "pretrained")
 REPORT_FILE = "report.json"
@@ -230,6 +239,7 @@ def fit_task(
     refuse, replace with `overwrite`) is `open_run_folder`'s decision, printed to stderr.
     """
     options.check()  # every value before anything runs: NaN or 0 never reach the plan
+    keras_distribution.join_processes(options.processes())  # before anything touches JAX's devices
     run_started, started_at = time.perf_counter(), now()
     distribution = distribution_module()
     strategy = options.strategy
@@ -245,12 +255,15 @@ def fit_task(
         backup = open_run_folder(
             output_dir, backup_dir, task.saved_file, resolve_paths(run), options.overwrite, chief
         )
+        keras_distribution.same_in_every_process("the epoch their backups resume after", backup.epoch)
         with distribution.activated(strategy):
             result = _fit(
                 task, arguments, options, callbacks, distribution, strategy, backup, (run_started, started_at)
             )
     if not chief:
         remove_backup(backup_dir)  # the worker's lock file was in it
+        with contextlib.suppress(OSError):  # the chief's backup folder, once every process is done
+            os.rmdir(os.path.dirname(backup_dir))
     return result
 
 
@@ -351,7 +364,8 @@ def _fit(
         report["labels_file"] = LABELS_FILE
     if chief:
         os.makedirs(output_dir, exist_ok=True)
-        replace_file(os.path.join(output_dir, task.saved_file), saved.save)
+        with keras_distribution.saved_alone():
+            replace_file(os.path.join(output_dir, task.saved_file), saved.save)
         if class_names:
             write_labels(os.path.join(output_dir, LABELS_FILE), class_names)
     report.update(finished_at=now(), wall_seconds=round(time.perf_counter() - run_started, 3))

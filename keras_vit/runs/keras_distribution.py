@@ -7,6 +7,12 @@ imports no TensorFlow. On JAX a run is data parallel over every local device by 
 a `keras.distribution.DataParallel` or `ModelParallel` given as the `strategy` option (e.g.
 `make_distribution(model_parallel=2, model="vit_b16")`) is used as it is. PyTorch trains on
 Keras's one device (the first GPU, else the CPU): Keras 3 has no distribution for it.
+
+Several processes (hosts, or one per GPU) on JAX: `join_processes` runs
+`keras.distribution.initialize` first thing (JAX's gloo collectives on CPU); the run is then
+data (or model) parallel over every process's devices, each process feeding its own rows of
+every global batch (`process_rows`: the input pipelines of `keras_vit.pyinput` read them), so
+that the global batch and the results are the one-process run's.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 import keras
 
 from keras_vit.defaults import PRECISIONS
+from keras_vit.options import Processes
 
 __all__ = [
     "KerasRun",
@@ -27,7 +34,12 @@ __all__ = [
     "activated",
     "describe_distribution",
     "is_chief",
+    "join_processes",
     "model_parallel",
+    "predictions_in_every_process",
+    "process_rows",
+    "saved_alone",
+    "same_in_every_process",
     "start_run",
     "tensorflow_unseen",
     "worker_dir",
@@ -67,7 +79,8 @@ def _refuse(strategy) -> None:
 def model_parallel(size: int, strategy, config) -> keras.distribution.ModelParallel:
     """The distribution of `model_parallel=size` (> 1): keras_vit's Megatron-style `ModelParallel`
     over every device (`keras_vit.parallel.make_distribution`), checked against the model's
-    `config`; JAX only, and with the default strategy (this is the run's distribution)."""
+    `config`; JAX only, with the default strategy (this is the run's distribution), and in a
+    multi-process run within each process (a replica split between processes could not be saved)."""
     backend = keras.backend.backend()
     if backend != "jax":
         raise ValueError(
@@ -78,9 +91,54 @@ def model_parallel(size: int, strategy, config) -> keras.distribution.ModelParal
         raise ValueError(
             f"model_parallel={size} makes the run's distribution: leave strategy at 'auto', not {strategy!r}."
         )
+    import jax
+
+    local = jax.local_device_count()
+    if jax.process_count() > 1 and local % size:
+        raise ValueError(
+            f"model_parallel={size} would split each model replica between processes, whose devices "
+            f"(here {local} per process) cannot read or save such weights alone: in a multi-process run "
+            "use a model_parallel that divides each process's devices."
+        )
     from keras_vit.parallel import make_distribution
 
     return make_distribution(size, model=config)
+
+
+def join_processes(processes: Processes | None) -> None:
+    """Join this process to a multi-process JAX run (`keras.distribution.initialize`); `None`: one process.
+
+    Called before anything touches JAX's devices; on CPU the cross-process collectives are gloo's
+    (JAX's default since 0.5; set here where an older JAX has none). A process already joined
+    (a second run in it) must have joined the same way.
+    """
+    if processes is None:
+        return
+    import jax
+
+    if jax.distributed.is_initialized():
+        joined = (jax.process_count(), jax.process_index())
+        if joined != (processes.num_processes, processes.process_id):
+            raise ValueError(
+                f"This process already joined a run of {joined[0]} processes as process {joined[1]}: a "
+                f"process joins one multi-process run only (asked: {processes.num_processes} processes, "
+                f"process {processes.process_id})."
+            )
+        return
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        with tensorflow_unseen():  # initialize seeds Keras (keras.utils.set_random_seed)
+            keras.distribution.initialize(
+                processes.job_addresses, processes.num_processes, processes.process_id
+            )
+    except RuntimeError as error:
+        if "before any JAX" not in str(error):
+            raise
+        raise RuntimeError(
+            "A multi-process run must start before JAX runs anything in the process, and JAX has run "
+            "already: start the run in a new Python process (train(...) or keras-vit train first)."
+        ) from None
 
 
 def check_run(precision: str, batch_size: int) -> None:
@@ -108,6 +166,13 @@ def start_run(strategy, precision: str, batch_size: int, seed: int) -> KerasRun:
         from keras_vit.parallel import make_distribution
 
         distribution = make_distribution()
+    if _process_count() > 1:
+        if distribution is None:
+            raise ValueError(
+                f"A multi-process run is spread over every process's devices: leave strategy at 'auto', "
+                f"not {strategy!r}."
+            )
+        distribution.auto_shard_dataset = False  # the PyDatasets feed each process's rows (`process_rows`)
     if distribution is None:
         replicas, devices = 1, [_one_device()]
     else:
@@ -143,6 +208,102 @@ def tensorflow_unseen() -> Iterator[None]:
         yield
     finally:
         lazy._available = available
+
+
+def _process_count() -> int:
+    """How many processes run together (1 but on JAX after `join_processes`)."""
+    if keras.backend.backend() != "jax":
+        return 1
+    import jax
+
+    return jax.process_count()
+
+
+def process_rows(batch_size: int) -> slice:
+    """The rows of each global batch of `batch_size` this process feeds to `fit` or `predict`.
+
+    All of them in a one-process run. In a multi-process JAX run Keras builds the global batch
+    from every process's local rows (`jax.make_array_from_process_local_data`): the rows the
+    active distribution places on this process's devices, one block (JAX lists the devices
+    process by process; with the batch axis split between processes, block `process_index`).
+    """
+    distribution = keras.distribution.distribution()
+    if _process_count() == 1 or distribution is None:
+        return slice(0, batch_size)
+    sharding = distribution.get_data_layout((batch_size,)).backend_layout
+    local = sharding.addressable_devices_indices_map((batch_size,)).values()
+    blocks = sorted({index[0].indices(batch_size)[:2] for index in local})  # (start, stop) per device
+    if any(stop != start for (_, stop), (start, _) in zip(blocks, blocks[1:], strict=False)):
+        raise ValueError(f"This process's devices hold the rows {blocks} of each batch, not one block.")
+    return slice(blocks[0][0], blocks[-1][1])
+
+
+@contextlib.contextmanager
+def predictions_in_every_process(network: keras.Model) -> Iterator[None]:
+    """`network.predict` readable in every process of a multi-process run (elsewhere as it is).
+
+    Keras leaves each batch's predictions split between the processes' devices, and then no
+    process can read them ("Fetching value for `jax.Array` that spans non-addressable (non
+    process local) devices is not possible"): while this lasts, `predict_step` replicates its
+    outputs on every device (an all-gather of the predictions, inside the compiled step).
+    """
+    distribution = keras.distribution.distribution()
+    if _process_count() == 1 or distribution is None:
+        yield
+        return
+    import jax
+
+    mesh, replicated = distribution.device_mesh.backend_mesh, jax.sharding.PartitionSpec()
+    everywhere = jax.sharding.NamedSharding(mesh, replicated)
+    predict_step = network.predict_step
+
+    def replicated_step(state, data):
+        outputs, state = predict_step(state, data)
+        return jax.tree.map(lambda value: jax.lax.with_sharding_constraint(value, everywhere), outputs), state
+
+    network.predict_step, network.predict_function = replicated_step, None
+    try:
+        yield
+    finally:
+        del network.predict_step  # the class's again
+        network.predict_function = None
+
+
+@contextlib.contextmanager
+def saved_alone() -> Iterator[None]:
+    """Where the chief of a multi-process run saves the model by itself: outside the distribution.
+
+    Keras's saving makes a throwaway optimizer, and under a multi-process distribution making a
+    variable is a collective that every process must join (`jax.device_put` compares the value
+    across processes): the chief alone would wait for the others forever. The trained weights
+    are read as they are (replicated, or whole within each process).
+    """
+    if _process_count() == 1:
+        yield
+        return
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def same_in_every_process(name: str, value: int) -> None:
+    """A clear error unless every process of a multi-process run has the same `value` (e.g. the
+    epoch its backup resumes), instead of processes that wait for each other forever."""
+    if _process_count() == 1:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    values = np.asarray(multihost_utils.process_allgather(np.int64(value))).ravel().tolist()
+    if len(set(values)) > 1:
+        raise ValueError(
+            f"The processes of this run disagree on {name}: {values} (by process). Start every process "
+            "with the same output folder and arguments; processes stopped at different moments may have "
+            "backed up different epochs: then remove the run's backup folder to start over."
+        )
 
 
 def _one_device() -> str:
@@ -196,4 +357,6 @@ def describe_distribution(run: KerasRun) -> dict:
     if run.distribution is not None:
         mesh = run.distribution.device_mesh
         described["mesh"] = {"shape": list(mesh.shape), "axis_names": list(mesh.axis_names)}
+    if _process_count() > 1:
+        described["processes"] = _process_count()
     return described
