@@ -86,9 +86,9 @@ def require_tensorflow_backend(feature: str) -> None:
     backend = keras_backend()
     if backend != "tensorflow":
         raise RuntimeError(
-            f"{feature} needs the TensorFlow backend (tf.data, tf.distribute, SavedModel), but Keras runs "
-            f"on {backend!r}: run it with KERAS_BACKEND=tensorflow, or on {backend} train with "
-            "model.fit on NumPy arrays or a keras.utils.PyDataset (README: Backends)."
+            f"{feature} needs the TensorFlow backend (it writes through TensorFlow), but Keras runs on "
+            f"{backend!r}: run it with KERAS_BACKEND=tensorflow, on the model saved as .keras on {backend} "
+            "(a .keras file loads on every backend; README: Training on JAX, PyTorch and TensorFlow)."
         )
 
 
