@@ -129,7 +129,7 @@ class Case:
     (a model's forward matrix products alone, each shape as the model runs it: the rate no
     implementation of that model and batch in the framework can beat), "infer" (forward pass),
     "train" (full step), "first_call" (build + first prediction in a fresh process), "pipeline"
-    (`keras_vit.data.train_pipeline` alone, no model), "predict" (Keras `model.predict` of
+    (`keras_vit.data.tfdata.train_pipeline` alone, no model), "predict" (Keras `model.predict` of
     `batch` images held on the host as `host_dtype` NumPy, in `PREDICT_STEPS` batches).
     `relative_to` names a case whose keras_vit training throughput this case is compared with.
     """
@@ -254,7 +254,7 @@ CASES: dict[str, Case] = {
             "pipeline_bs32",
             "pipeline",
             f"Input pipeline alone (JPEG files → {IMAGE_SIZE} px, augmented), batch 32",
-            f"keras_vit.data.train_pipeline alone: JPEG files decoded, inception crop, flip, resize to "
+            f"data.tfdata.train_pipeline alone: JPEG files decoded, inception crop, flip, resize to "
             f"{IMAGE_SIZE} px, normalise, batch 32 (no model)",
             ("keras_vit",),
             batch=32,

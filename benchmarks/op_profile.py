@@ -155,12 +155,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--output", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
-    from keras_vit.environment import enable_onednn, machine, versions
+    from keras_vit.utils.environment import enable_onednn, machine, versions
 
     enable_onednn()
     import tensorflow as tf
 
-    from keras_vit.environment import onednn_enabled
+    from keras_vit.utils.environment import onednn_enabled
 
     tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count())
     results = [profile(c, m, int(b), args.steps) for c, m, b in (spec.split(":") for spec in args.cases)]

@@ -32,7 +32,7 @@ fixed batch (the same step), loss fetched at the end; timm: zero_grad, forward (
 bfloat16), `F.cross_entropy`, backward, `AdamW.step()`, loss fetched. Both AdamW with
 lr 1e-3, weight decay 0.05, no clipping. Matmul: `MATMUL_SIZE`² operands, eager
 `tf.linalg.matmul` / `torch.matmul`, synchronised after the last call. Pipeline: a fresh
-iterator over `keras_vit.data.train_pipeline` per measurement, two untimed batches, then
+iterator over `keras_vit.data.tfdata.train_pipeline` per measurement, two untimed batches, then
 `calls` timed batches. Bfloat16 in Keras is the `mixed_bfloat16` policy (float32 variables
 and head); in torch, autocast.
 
@@ -482,7 +482,9 @@ class TensorFlowKerasWorker(KerasWorker):
 
     def _pipeline_runner(self, case: Case) -> Runner:
         if self.framework != "keras_vit":
-            raise ValueError("The pipeline case measures keras_vit.data: run it in the keras_vit worker.")
+            raise ValueError(
+                "The pipeline case measures keras_vit.data.tfdata: run it in the keras_vit worker."
+            )
         folder = tempfile.mkdtemp(prefix="keras_vit_bench_jpegs_")
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         write_jpeg_folder(folder, PIPELINE_FILES)

@@ -14,7 +14,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras_vit  # noqa: E402
-from keras_vit.preprocessing import Preprocessing  # noqa: E402
+from keras_vit.data.preprocessing import Preprocessing  # noqa: E402
 
 
 def main(argv=None) -> int:

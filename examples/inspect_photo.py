@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit.plots import DEFAULT_DPI, write_inspection  # noqa: E402
+from keras_vit.inspection.plots import DEFAULT_DPI, write_inspection  # noqa: E402
 
 
 def main(argv=None) -> int:

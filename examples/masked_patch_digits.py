@@ -3,12 +3,12 @@
     python examples/masked_patch_digits.py          # the measured setting: ~12.6 CPU-minutes
     python examples/masked_patch_digits.py --seeds 0 1 2 3 4 --labels-per-class 20
 
-scikit-learn's handwritten digits (offline), split as `keras_vit.data.load_digits` (1438
-train / 359 test). For every seed: `keras_vit.pretrain.pretrain` trains `vit_digits` by masked
+scikit-learn's handwritten digits (offline), split as `keras_vit.data.tfdata.load_digits` (1438
+train / 359 test). For every seed: `keras_vit.training.pretrain.pretrain` trains `vit_digits` by masked
 patch prediction on the TRAIN images without their labels (the paper's task: 50% of patch
 embeddings corrupted, 80/10/10, 3-bit mean colour targets); then the same classifier is
 fine-tuned twice on `--labels-per-class` labelled train images per class (drawn with the
-seed) -- once from the pre-trained backbone (`keras_vit.pretrain.to_classifier`), once from
+seed) -- once from the pre-trained backbone (`keras_vit.training.pretrain.to_classifier`), once from
 scratch, with the same seed, steps, optimizer and data order -- and both are evaluated on the
 359 held-out test images, which neither stage ever sees. Prints a table and writes JSON.
 
@@ -41,7 +41,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_vit import VARIANTS, build_vit, data, defaults, pretrain, recipes  # noqa: E402
+from keras_vit import VARIANTS, build_vit  # noqa: E402
+from keras_vit.data import tfdata as data
+from keras_vit.training import (
+    pretrain,
+    recipes,  # noqa: E402
+)
+from keras_vit.utils import defaults
 
 
 def labelled_subset(source: data.Source, per_class: int, seed: int) -> data.Source:

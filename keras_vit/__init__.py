@@ -13,95 +13,73 @@ from __future__ import annotations
 
 import importlib
 import sys
-import warnings
 
-from keras_vit.variants import VARIANTS as VARIANTS
-from keras_vit.variants import ViTConfig as ViTConfig
-from keras_vit.variants import list_models as list_models
+from keras_vit.registry.variants import VARIANTS as VARIANTS
+from keras_vit.registry.variants import ViTConfig as ViTConfig
+from keras_vit.registry.variants import list_models as list_models
+from keras_vit.utils.lazy import lazy_exports
 from keras_vit.version import __version__ as __version__
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "BottleneckUnit": "hybrid",
-    "StdConv2D": "hybrid",
-    "CheckpointError": "converters",
-    "inspect_checkpoint": "converters",
-    "load_checkpoint": "converters",
-    "export_serving": "export",
-    "export_litert": "export",
-    "export_onnx": "export",
-    "NotExpressibleError": "sharing",
-    "load_pretrained": "sharing",
-    "push_to_hub": "sharing",
-    "save_pretrained": "sharing",
-    "enable_lora": "lora",
-    "enable_onednn": "environment",
-    "get_layout_map": "parallel",
-    "ClassToken": "layers",
-    "DropPath": "layers",
-    "MultiHeadSelfAttention": "layers",
-    "MultiheadAttentionPooling": "layers",
-    "PatchEncoder": "layers",
-    "PositionEmbedding": "layers",
-    "TokenPooling": "layers",
-    "TransformerBlock": "layers",
-    "ViT": "models",
-    "build_vit": "models",
-    "create_model": "models",
+    "BottleneckUnit": "models.hybrid",
+    "StdConv2D": "models.hybrid",
+    "CheckpointError": "checkpoints.errors",
+    "inspect_checkpoint": "checkpoints.loading",
+    "load_checkpoint": "checkpoints.loading",
+    "export_serving": "deploy.export",
+    "export_litert": "deploy.export",
+    "export_onnx": "deploy.export",
+    "NotExpressibleError": "deploy.sharing",
+    "load_pretrained": "deploy.sharing",
+    "push_to_hub": "deploy.sharing",
+    "save_pretrained": "deploy.sharing",
+    "enable_lora": "deploy.lora",
+    "enable_onednn": "utils.environment",
+    "get_layout_map": "models.parallel",
+    "ClassToken": "models.layers",
+    "DropPath": "models.layers",
+    "MultiHeadSelfAttention": "models.layers",
+    "MultiheadAttentionPooling": "models.layers",
+    "PatchEncoder": "models.layers",
+    "PositionEmbedding": "models.layers",
+    "TokenPooling": "models.layers",
+    "TransformerBlock": "models.layers",
+    "ViT": "models.vit",
+    "build_vit": "models.vit",
+    "create_model": "models.vit",
     "load_model": "saving",
-    "resize_pos_embed": "pos_embed",
-    "decode_predictions": "preprocessing",
-    "load_image": "preprocessing",
-    "Preprocessing": "preprocessing",
-    "preprocess_input": "preprocessing",
-    "ImageTooLargeError": "validation",
-    "WeightsIntegrityError": "pretrained",
-    "WeightsUnavailableError": "pretrained",
-    "list_pretrained": "catalog",
-    "preprocessing_for": "catalog",
-    "load_weights": "pretrained",
-    **{variant: "models" for variant in VARIANTS},
+    "resize_pos_embed": "checkpoints.pos_embed",
+    "decode_predictions": "data.preprocessing",
+    "load_image": "data.preprocessing",
+    "Preprocessing": "data.preprocessing",
+    "preprocess_input": "data.preprocessing",
+    "ImageTooLargeError": "utils.validation",
+    "WeightsIntegrityError": "checkpoints.pretrained",
+    "WeightsUnavailableError": "checkpoints.pretrained",
+    "list_pretrained": "registry.catalog",
+    "preprocessing_for": "registry.catalog",
+    "load_weights": "checkpoints.pretrained",
+    **{variant: "models.vit" for variant in VARIANTS},
 }
-# Submodules reachable as attributes (`keras_vit.data`, ...).
+# The parts, reachable as attributes (`keras_vit.training.train`, `keras_vit.data.tfdata`, ...).
 _SUBMODULES = (
-    "catalog",
+    "checkpoints",
     "data",
-    "defaults",
-    "evaluate",
+    "deploy",
     "inspection",
-    "optimization",
-    "options",
-    "parallel",
-    "pretrain",
-    "pretrained",
-    "recipes",
-    "sharing",
+    "models",
+    "registry",
+    "saving",
     "training",
-    "validation",
+    "utils",
 )
 
 __all__ = sorted(["VARIANTS", "ViTConfig", "list_models", *_EXPORTS])
-
-
-def __getattr__(name: str):
-    if name == "inspect":  # renamed: a module `keras_vit/inspect.py` hid the standard library's `inspect`
-        warnings.warn("keras_vit.inspect is now keras_vit.inspection.", DeprecationWarning, stacklevel=2)
-        name = "inspection"
-    if name in _SUBMODULES:
-        return importlib.import_module(f"keras_vit.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"keras_vit.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 
 
 if "tensorflow" in sys.modules:  # imported before us: say so if its fast CPU kernels are off
-    importlib.import_module("keras_vit.environment").note_onednn_off()
+    importlib.import_module("keras_vit.utils.environment").note_onednn_off()
 if "keras" in sys.modules:  # Keras is loaded anyway: register our classes for keras.saving now
     importlib.import_module("keras_vit.saving").register()

@@ -1,3 +1,3 @@
 """The package version, in a module of its own so that modules below `keras_vit/__init__.py` can read it."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

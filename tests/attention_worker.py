@@ -22,7 +22,7 @@ if BACKEND == "torch":
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from keras_vit.layers import MultiHeadSelfAttention  # noqa: E402
+from keras_vit.models.layers import MultiHeadSelfAttention  # noqa: E402
 
 WIDTH, HEADS, BATCH = 32, 4, 2
 CALLS: list[dict] = []

@@ -6,7 +6,7 @@
 
 `single`: trains the same tiny ViT from the same weights on the same batches (AdamW, 4 steps) on
 one device, data parallel over 8, and model parallel on 4x2 and 2x4 meshes
-(`keras_vit.parallel.make_distribution`); writes `OUT_DIR/steps.npz` (per run: the loss of every
+(`keras_vit.models.parallel.make_distribution`); writes `OUT_DIR/steps.npz` (per run: the loss of every
 step and the final weights) and `OUT_DIR/layouts.json` (the config; per model-parallel mesh: its device ids
 and, for every model and optimizer variable, its role, path, shape, layout axes and every shard's
 device and index).
@@ -31,7 +31,7 @@ import keras  # noqa: E402
 
 import keras_vit  # noqa: E402
 from keras_vit import ViTConfig  # noqa: E402
-from keras_vit.parallel import make_distribution  # noqa: E402
+from keras_vit.models.parallel import make_distribution  # noqa: E402
 
 # Class token, 4 heads, MLP 64, attention pooling ("map": its own sharded attention and MLP).
 CONFIG = ViTConfig("tiny_parallel", 4, 32, 2, 4, 64, image_size=16, pooling="map")

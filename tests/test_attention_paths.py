@@ -23,7 +23,7 @@ from helpers import random_images, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
-from keras_vit.layers import (
+from keras_vit.models.layers import (
     ATTENTION_PADDING_MULTIPLE,
     MultiHeadSelfAttention,
     TransformerBlock,

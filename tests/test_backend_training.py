@@ -1,5 +1,5 @@
 """The training driver on JAX and PyTorch: classification and masked patch pre-training run without
-TensorFlow, their PyDataset input (`keras_vit.pyinput`) deterministic in (seed, epoch, index), exact
+TensorFlow, their PyDataset input (`keras_vit.data.pyinput`) deterministic in (seed, epoch, index), exact
 resume on JAX after SIGKILL, a backbone pre-trained on JAX fine-tuned there.
 
 The runs are subprocesses with `KERAS_BACKEND` set and TensorFlow blocked
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
 
-from keras_vit import datasets, pretrain, pyinput
+from keras_vit.data import datasets, pyinput
+from keras_vit.training import pretrain
 
 WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
 TIMEOUT = 600
@@ -264,12 +265,12 @@ def test_pretraining_batches_are_the_images_of_the_training_batches(digits):
 
 
 def test_unlabeled_data_reads_without_tensorflow(monkeypatch, tmp_path):
-    """`load_unlabeled` with the JAX and PyTorch reader (`keras_vit.pyinput`): the digits' train
+    """`load_unlabeled` with the JAX and PyTorch reader (`keras_vit.data.pyinput`): the digits' train
     split, an image folder (its train/), a pyinput source and uint8 arrays; tf.data's source is
     one clear error."""
     from PIL import Image
 
-    from keras_vit import data
+    from keras_vit.data import tfdata as data
 
     monkeypatch.setattr(datasets, "input_module", lambda: pyinput)
     digits = datasets.load_unlabeled("digits")
@@ -282,7 +283,7 @@ def test_unlabeled_data_reads_without_tensorflow(monkeypatch, tmp_path):
     arrays = datasets.load_unlabeled(np.zeros((3, 4, 4), "uint8"))
     assert isinstance(arrays, pyinput.Source) and arrays.read(2)[0].shape == (4, 4, 3)
     assert datasets.load_unlabeled(digits) is digits
-    with pytest.raises(ValueError, match="keras_vit.pyinput.from_arrays"):
+    with pytest.raises(ValueError, match="keras_vit.data.pyinput.from_arrays"):
         datasets.load_unlabeled(data.from_arrays(np.zeros((2, 4, 4), "uint8"), np.zeros(2, "int32")))
 
 
@@ -326,11 +327,11 @@ def test_sigkill_resume_is_bit_identical(backend, run, saved_file, tmp_path):
 
 def test_image_folder_reads_as_tf_data_reads_it(tmp_path):
     """An image folder without TensorFlow: the same classes, files, labels and pixels as
-    `keras_vit.data.from_directory` (Pillow decodes; TensorFlow decodes as Pillow does), and a
+    `keras_vit.data.tfdata.from_directory` (Pillow decodes; TensorFlow decodes as Pillow does), and a
     damaged file is refused by both, naming it."""
     from PIL import Image
 
-    from keras_vit import data
+    from keras_vit.data import tfdata as data
 
     rng = np.random.default_rng(0)
     for index, name in enumerate(["cat", "cat", "dog", "dog", "dog"]):

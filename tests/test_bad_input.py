@@ -26,14 +26,19 @@ from PIL import Image
 from timm.models.vision_transformer import VisionTransformer
 
 import keras_vit
-from keras_vit import cli, data, pretrain, pyinput, runs, training, validation
-from keras_vit.converters import CheckpointError, load_checkpoint, read_checkpoint
-from keras_vit.converters.resnet_stem import stem_name_map, stem_weights
-from keras_vit.masked_patch import to_classifier
-from keras_vit.models import build_vit
-from keras_vit.preprocessing import ImageTooLargeError, load_image, preprocess_input
-from keras_vit.tf_preprocessing import decode_image
-from keras_vit.variants import ViTConfig
+from keras_vit import cli
+from keras_vit.checkpoints import CheckpointError, load_checkpoint, read_checkpoint
+from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
+from keras_vit.data import pyinput
+from keras_vit.data import tfdata as data
+from keras_vit.data.preprocessing import ImageTooLargeError, load_image, preprocess_input
+from keras_vit.data.tf_preprocessing import decode_image
+from keras_vit.models.vit import build_vit
+from keras_vit.registry.variants import ViTConfig
+from keras_vit.training import classification as training
+from keras_vit.training import pretrain, runs
+from keras_vit.training.masked_patch import to_classifier
+from keras_vit.utils import validation
 
 TINY = ViTConfig(
     "tiny_bad_input", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=32
@@ -647,7 +652,7 @@ def test_edge_preprocess_input_memory_is_its_output():
 @pytest.mark.slow
 def test_edge_saved_model_bytes_signature_refuses_too_many_pixels(tmp_path):
     """The export's pixel limit is checked from the header (JPEG, PNG) and on the decoded image."""
-    from keras_vit.export import BYTES_SIGNATURE, export_serving
+    from keras_vit.deploy.export import BYTES_SIGNATURE, export_serving
 
     model = build_vit(EDGE_TINY, num_classes=3)
     path = export_serving(model, tmp_path / "export", top_k=3, warmup=False, max_pixels=1000)

@@ -1,4 +1,4 @@
-"""The catalog below everything (`keras_vit.catalog`: rows, preprocessing, labels) and the one
+"""The catalog below everything (`keras_vit.registry.catalog`: rows, preprocessing, labels) and the one
 build-with-checkpoint step (`Checkpoint.model_kwargs`, `build_with_checkpoint`)."""
 
 import os
@@ -11,10 +11,11 @@ import pytest
 from helpers import random_images, subprocess_env
 
 import keras_vit
-from keras_vit import catalog, data
-from keras_vit.catalog import Preprocessing, class_names, preprocessing_for
-from keras_vit.pretrained import resolve_pretrained
-from keras_vit.variants import ViTConfig
+from keras_vit.checkpoints.pretrained import resolve_pretrained
+from keras_vit.data import tfdata as data
+from keras_vit.registry import catalog
+from keras_vit.registry.catalog import Preprocessing, class_names, preprocessing_for
+from keras_vit.registry.variants import ViTConfig
 
 TINY = ViTConfig("tiny_catalog", 4, 32, 2, 2, 64, image_size=32)
 TAG = "vit_ti16.augreg_in21k_ft_in1k"
@@ -38,7 +39,8 @@ def logits(model: keras.Model, images: np.ndarray) -> np.ndarray:
 def test_catalog_answers_without_tensorflow_keras_or_the_hub():
     code = (
         "import sys\n"
-        "from keras_vit import catalog, preprocessing\n"
+        "from keras_vit.registry import catalog\n"
+        "from keras_vit.data import preprocessing\n"
         f"assert catalog.list_pretrained('vit_ti16') and catalog.get_entry({TAG!r}).variant == 'vit_ti16'\n"
         f"assert catalog.preprocessing_for({TAG!r}).image_size == (224, 224)\n"
         f"assert len(catalog.class_names({TAG!r}, 1000)) == 1000\n"
@@ -62,7 +64,7 @@ def test_catalog_reads_the_checkout_when_not_installed():
         f"sys.path.insert(0, {root!r})\n"
         "import importlib.util\n"
         "assert importlib.util.find_spec('keras_vit.weights') is None\n"
-        "from keras_vit import catalog\n"
+        "from keras_vit.registry import catalog\n"
         f"print(len(catalog.imagenet1k_labels()), catalog.get_entry({TAG!r}).variant)\n"
     )
     result = subprocess.run(
@@ -91,7 +93,7 @@ def test_preprocessing_for_is_the_one_answer():
             keras_vit.preprocess_input(pixels, model), catalog.normalize(pixels, spec.mean, spec.std)
         )
         assert data.normalisation_for(model) == (spec.mean, spec.std)
-        from keras_vit.export import ImagePreprocessing, image_preprocessing
+        from keras_vit.deploy.export import ImagePreprocessing, image_preprocessing
 
         assert image_preprocessing(model) == ImagePreprocessing.from_spec(spec)
 
@@ -108,14 +110,19 @@ def test_class_names_are_looked_up_once():
         class_names(model, None, labels=("cat",))
 
 
-def test_moved_names_still_work_with_a_warning():
-    for name in ("model_entry", "get_entry", "list_pretrained", "CatalogEntry", "catalog_markdown"):
-        with pytest.warns(DeprecationWarning, match=f"keras_vit.catalog.{name}"):
-            assert getattr(keras_vit.pretrained, name) is getattr(catalog, name)
-    with pytest.warns(DeprecationWarning, match="keras_vit.inspection"):
-        assert keras_vit.inspect is keras_vit.inspection
-    with pytest.raises(AttributeError):
-        keras_vit.pretrained.no_such_name  # noqa: B018
+def test_names_retired_in_0_2_are_gone():
+    """0.2.0 removed the 0.1 deprecation shims (CHANGELOG.md): each old name is an AttributeError now."""
+    from keras_vit.training import recipes
+    from keras_vit.utils import defaults
+
+    for owner, name in [
+        (keras_vit, "inspect"),
+        (keras_vit.checkpoints.pretrained, "get_entry"),
+        (defaults, "BATCH_SIZE"),
+        (recipes, "WarmupDecay"),
+    ]:
+        with pytest.raises(AttributeError, match=name):
+            getattr(owner, name)
 
 
 def test_a_checkpoint_answers_the_model_arguments_once(tmp_path):

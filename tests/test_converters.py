@@ -18,7 +18,7 @@ from timm.models._manipulate import adapt_input_conv
 from timm.models.vision_transformer import _load_weights, checkpoint_filter_fn
 
 import keras_vit
-from keras_vit.converters import (
+from keras_vit.checkpoints import (
     CheckpointError,
     detect_format,
     inspect_checkpoint,

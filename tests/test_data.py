@@ -7,7 +7,7 @@ from PIL import Image
 from sklearn.datasets import load_sample_image
 
 import keras_vit
-from keras_vit import data
+from keras_vit.data import tfdata as data
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.5)
 
@@ -205,7 +205,7 @@ def test_from_tfds_with_mock_data(tmp_path):
 def test_normalisation_for_reads_the_catalog():
     assert data.normalisation_for(None) == ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
     tag = keras_vit.list_pretrained("vit_b16")[0]
-    entry = keras_vit.catalog.get_entry(tag)
+    entry = keras_vit.registry.catalog.get_entry(tag)
     assert data.normalisation_for(tag) == (tuple(entry.mean), tuple(entry.std))
 
 

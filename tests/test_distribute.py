@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 from helpers import subprocess_env
 
-from keras_vit import distribute
+from keras_vit.training.runs import distribute
 
 WORKER = os.path.join(os.path.dirname(__file__), "helpers", "training_worker.py")
 TIMEOUT = 180

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import subprocess_env
 
-from keras_vit.pretrained import list_pretrained
+from keras_vit.registry.catalog import list_pretrained
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"(\d[\d,]*)\s*<!--\s*count:\s*([\w-]+)\s*-->")

@@ -6,7 +6,9 @@ import pytest
 from helpers import random_images
 
 import keras_vit
-from keras_vit import data, evaluate, recipes
+from keras_vit.data import tfdata as data
+from keras_vit.inspection import evaluate
+from keras_vit.training import optimization
 
 TINY = keras_vit.ViTConfig("vit_tiny_test", patch_size=2, hidden_size=32, depth=1, num_heads=2, mlp_dim=64)
 
@@ -67,8 +69,10 @@ def test_few_shot_trained_model_beats_random_features(digits):
     images, labels = next(iter(data.eval_pipeline(train, image_size=8, batch_size=2048, crop_pct=None)))
     epochs, steps = 3, train.num_examples // 32
     model.compile(
-        optimizer=recipes.pretraining_optimizer(epochs * steps, learning_rate=1e-2, warmup_steps=steps // 2),
-        loss=recipes.loss(),
+        optimizer=optimization.pretraining_optimizer(
+            epochs * steps, learning_rate=1e-2, warmup_steps=steps // 2
+        ),
+        loss=optimization.loss(),
     )
     model.fit(images, labels, batch_size=32, epochs=epochs, verbose=0)
     trained = _few_shot(model, digits)

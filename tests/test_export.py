@@ -16,9 +16,8 @@ from PIL import Image
 
 import keras_vit
 from keras_vit import cli
-from keras_vit.catalog import class_names
-from keras_vit.environment import install_hint
-from keras_vit.export import (
+from keras_vit.data.preprocessing import imagenet1k_labels, load_image, normalize, preprocess_input
+from keras_vit.deploy.export import (
     BYTES_SIGNATURE,
     DEFAULT_SIGNATURE,
     PREPROCESSED_SIGNATURE,
@@ -29,7 +28,8 @@ from keras_vit.export import (
     image_preprocessing,
     latest_version,
 )
-from keras_vit.preprocessing import imagenet1k_labels, load_image, normalize, preprocess_input
+from keras_vit.registry.catalog import class_names
+from keras_vit.utils.environment import install_hint
 
 CONFIG = keras_vit.ViTConfig("vit_tiny_test", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
 IMAGE_SIZE = (32, 48)  # not square: the crop arithmetic differs per axis
@@ -380,7 +380,7 @@ def test_normalize_matches_numpy(photos):
 
 def test_settings_come_from_the_catalog():
     for tag in ("vit_ti16.augreg_in21k_ft_in1k", "vit_b16.hf_orig_in21k_ft_in1k"):
-        entry = keras_vit.pretrained.get_entry(tag)
+        entry = keras_vit.registry.catalog.get_entry(tag)
         model = keras_vit.build_vit(CONFIG, image_size=32, name=tag)
         crop_pct = None if entry.crop_pct is None or entry.crop_pct >= 1.0 else entry.crop_pct
         assert image_preprocessing(model) == ImagePreprocessing(

@@ -11,8 +11,8 @@ from helpers import random_images
 
 import keras_vit
 from keras_vit import cli
-from keras_vit.preprocessing import Preprocessing, preprocess_input
-from keras_vit.variants import ViTConfig
+from keras_vit.data.preprocessing import Preprocessing, preprocess_input
+from keras_vit.registry.variants import ViTConfig
 
 TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
 

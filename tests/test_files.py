@@ -20,8 +20,13 @@ import pytest
 from helpers import subprocess_env
 
 import keras_vit
-from keras_vit import cli, runs, training
-from keras_vit.files import (
+from keras_vit import cli
+from keras_vit.registry.variants import ViTConfig
+from keras_vit.training import classification as training
+from keras_vit.training import runs
+from keras_vit.training.runs.backup import BackupMismatchError, sign_state
+from keras_vit.training.runs.driver import open_run_folder
+from keras_vit.utils.files import (
     LOCK_FILE,
     ChecksumError,
     RunInUseError,
@@ -30,9 +35,6 @@ from keras_vit.files import (
     refuse_overlap,
     write_owned,
 )
-from keras_vit.runs.backup import BackupMismatchError, sign_state
-from keras_vit.runs.driver import open_run_folder
-from keras_vit.variants import ViTConfig
 
 TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
 RUN_TINY = ViTConfig(
@@ -150,7 +152,7 @@ def test_json_checksum_ignores_spelling_not_values():
 _HOLD = textwrap.dedent(
     """
     import sys, time
-    from keras_vit.files import RunLock
+    from keras_vit.utils.files import RunLock
     RunLock(sys.argv[1]).acquire()
     print("locked", flush=True)
     time.sleep(600)

@@ -10,11 +10,11 @@ from helpers import HYBRID_TIMM_NAMES, count_params_without_weights, load_into_s
 from helpers import checkpoint_writers as writers
 
 import keras_vit
-from keras_vit.converters.errors import CheckpointError
-from keras_vit.converters.resnet_stem import stem_name_map, stem_weights
-from keras_vit.hybrid import STEM_NUMERICS, BottleneckUnit, StdConv2D, feature_map_size
-from keras_vit.models import build_vit
-from keras_vit.variants import ViTConfig, get_config
+from keras_vit.checkpoints.errors import CheckpointError
+from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
+from keras_vit.models.hybrid import STEM_NUMERICS, BottleneckUnit, StdConv2D, feature_map_size
+from keras_vit.models.vit import build_vit
+from keras_vit.registry.variants import ViTConfig, get_config
 
 HYBRIDS = ["vit_r50_b16", "vit_r50_l32", "vit_r26_b32", "vit_r26_s32", "vit_r_ti16"]
 # Exact counts at 224 px with the 1000-class head (paper configs as counted by timm).

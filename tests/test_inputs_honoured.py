@@ -19,10 +19,13 @@ from helpers import subprocess_env
 from PIL import Image
 
 import keras_vit
-from keras_vit import cli, data, inspection, training
-from keras_vit.converters import CheckpointError
-from keras_vit.models import build_vit
-from keras_vit.variants import ViTConfig
+from keras_vit import cli
+from keras_vit.checkpoints import CheckpointError
+from keras_vit.data import tfdata as data
+from keras_vit.inspection import analysis as inspection
+from keras_vit.models.vit import build_vit
+from keras_vit.registry.variants import ViTConfig
+from keras_vit.training import classification as training
 
 TINY = ViTConfig("tiny_inputs", patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, image_size=32)
 
@@ -87,10 +90,10 @@ import json, sys
 import keras
 import numpy as np
 import keras_vit
-from keras_vit.converters import CheckpointError
-from keras_vit import inspection
-from keras_vit.models import build_vit
-from keras_vit.variants import ViTConfig
+from keras_vit.checkpoints import CheckpointError
+from keras_vit.inspection import analysis as inspection
+from keras_vit.models.vit import build_vit
+from keras_vit.registry.variants import ViTConfig
 
 model = build_vit(ViTConfig("t", patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64,
                             image_size=32), num_classes=3)

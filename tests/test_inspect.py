@@ -1,4 +1,4 @@
-"""keras_vit.inspection and keras_vit.plots: attention weights, rollout, attention distance,
+"""keras_vit.inspection (analysis, plots): attention weights, rollout, attention distance,
 position-embedding similarity, embedding filters, their pictures and `keras-vit inspect`."""
 
 import itertools
@@ -12,8 +12,8 @@ import pytest
 from helpers import random_images
 
 import keras_vit
-from keras_vit import inspection as vit_inspect
-from keras_vit import plots
+from keras_vit.inspection import analysis as vit_inspect
+from keras_vit.inspection import plots
 
 TINY = keras_vit.ViTConfig("vit_tiny_test", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64)
 # Hybrid: BiT root block (stride 4), then 2x2 patches of the feature map: 8 px per token.
@@ -317,7 +317,8 @@ def test_embedding_filters_reject_bad_requests(tiny, hybrid):
 
 @pytest.fixture
 def tiny_factory(monkeypatch):
-    """`keras_vit.create_model` replaced by a tiny random model; records what it was asked for."""
+    """`keras_vit.create_model` (and the CLI's, `keras_vit.models.vit.create_model`) replaced by a tiny
+    random model; records what it was asked for."""
     calls = []
 
     def create_model(variant, pretrained=False, **kwargs):
@@ -325,6 +326,7 @@ def tiny_factory(monkeypatch):
         return keras_vit.build_vit(TINY, image_size=(24, 40), num_classes=3, name=variant)
 
     monkeypatch.setattr(keras_vit, "create_model", create_model)
+    monkeypatch.setattr("keras_vit.models.vit.create_model", create_model)
     return calls
 
 

@@ -1,4 +1,4 @@
-"""Numerics of every layer in `keras_vit.layers` against independent references on the same weights.
+"""Numerics of every layer in `keras_vit.models.layers` against independent references on the same weights.
 
 References: plain numpy (patchify + matmul, softmax attention, pooling) and timm's PyTorch modules
 (`PatchEmbed`, `Block`, `resample_abs_pos_embed`) built with random weights and copied over.
@@ -25,8 +25,8 @@ from keras_vit import (
     TransformerBlock,
     resize_pos_embed,
 )
-from keras_vit.models import build_vit
-from keras_vit.variants import ViTConfig
+from keras_vit.models.vit import build_vit
+from keras_vit.registry.variants import ViTConfig
 
 TOLERANCE = 1e-5
 

@@ -176,52 +176,6 @@ def test_load_model_in_a_fresh_process(tmp_path):
     np.testing.assert_allclose(np.array(logits, dtype="float32"), expected[0], rtol=1e-6)
 
 
-def _module_imports(path, package_dir):
-    """keras_vit modules a file imports, at module level or inside a function (`from keras_vit.x import y`:
-    x, or x.y): a lazy import is a dependency all the same."""
-    import ast
-
-    modules = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("keras_vit"):
-            for alias in node.names:
-                sub = package_dir.parent.joinpath(*f"{node.module}.{alias.name}".split("."))
-                is_module = sub.with_suffix(".py").is_file() or sub.is_dir()
-                modules.add(f"{node.module}.{alias.name}" if is_module else node.module)
-        elif isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names if alias.name.startswith("keras_vit"))
-    return modules
-
-
-def test_no_import_cycles_between_modules():
-    import pathlib
-
-    package_dir = pathlib.Path(keras_vit.__file__).parent
-    graph = {}
-    for path in package_dir.rglob("*.py"):
-        parts = path.relative_to(package_dir.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        # a package's own __init__ is imported before its submodules: not a dependency between modules
-        graph[name] = {
-            m for m in _module_imports(path, package_dir) if not name.startswith(m + ".") and m != name
-        }
-    state = {}
-
-    def visit(module, trail):
-        state[module] = "open"
-        for dependency in graph.get(module, ()):
-            assert state.get(dependency) != "open", "import cycle: " + " -> ".join([*trail, dependency])
-            if dependency not in state:
-                visit(dependency, [*trail, dependency])
-        state[module] = "done"
-
-    for module in graph:
-        if module not in state:
-            visit(module, [module])
-    assert {"keras_vit.training", "keras_vit.pretrain", "keras_vit.runs"} <= set(graph)
-    assert "keras_vit.training" not in graph["keras_vit.pretrain"]
-
-
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_every_layer_computes_in_its_policy_dtype(policy):
     keras.config.set_dtype_policy(policy)

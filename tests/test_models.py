@@ -9,7 +9,7 @@ import pytest
 from helpers import TIMM_NAMES, count_params_without_weights, random_images
 
 import keras_vit
-from keras_vit.variants import VARIANTS
+from keras_vit.registry.variants import VARIANTS
 
 PLAIN = ["vit_ti16", "vit_s16", "vit_s32", "vit_b8", "vit_b16", "vit_b32", "vit_l16", "vit_l32", "vit_h14"]
 

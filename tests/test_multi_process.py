@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 from helpers import backup_epoch, subprocess_env
 
-from keras_vit import options, pyinput
+from keras_vit.data import pyinput
+from keras_vit.training import options
 
 WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
 TIMEOUT = 600
@@ -196,8 +197,8 @@ def test_processes_whose_backups_disagree_stop_with_one_clear_error(tmp_path):
     (`same_in_every_process`): processes stopped at different moments do not train out of step."""
     address = _free_address()
     code = (
-        "import sys; from keras_vit.options import Processes; "
-        "from keras_vit.runs import keras_distribution as distribution; "
+        "import sys; from keras_vit.training.options import Processes; "
+        "from keras_vit.training.runs import keras_distribution as distribution; "
         "index = int(sys.argv[1]); distribution.join_processes(Processes(sys.argv[2], 2, index)); "
         "distribution.same_in_every_process('the epoch their backups resume after', index + 3)"
     )

@@ -20,10 +20,15 @@ from helpers import subprocess_env
 from PIL import Image
 
 import keras_vit
-from keras_vit import cli, data, datasets, environment, training
-from keras_vit import pretrained as kp
-from keras_vit.preprocessing import decode_predictions, read_labels
-from keras_vit.variants import VARIANTS, ViTConfig
+from keras_vit import cli
+from keras_vit.checkpoints import pretrained as kp
+from keras_vit.data import datasets
+from keras_vit.data import tfdata as data
+from keras_vit.data.preprocessing import decode_predictions, read_labels
+from keras_vit.registry import catalog
+from keras_vit.registry.variants import VARIANTS, ViTConfig
+from keras_vit.training import classification as training
+from keras_vit.utils import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ViTConfig(
@@ -170,7 +175,7 @@ def test_offline_mode_fails_without_network_and_says_so(tmp_path, monkeypatch, n
 
 def test_cached_file_is_used_when_the_network_refuses(tmp_path, monkeypatch, network_attempts):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    entry = kp.get_entry("vit_ti16.augreg_in21k_ft_in1k")
+    entry = catalog.get_entry("vit_ti16.augreg_in21k_ft_in1k")
     body = b"not really a checkpoint"
     root = tmp_path / f"models--{entry.hub_repo.replace('/', '--')}"
     blob = root / "blobs" / hashlib.sha256(body).hexdigest()
@@ -329,10 +334,12 @@ def test_weights_listing_marks_each_default(capsys):
     assert cli.main(["weights", "vit_ti16"]) == 0
     lines = capsys.readouterr().out.splitlines()
     marked = [line.split()[0] for line in lines if line.endswith("(default)")]
-    assert marked == [kp.default_tag("vit_ti16")] and len(lines) == len(kp.list_pretrained("vit_ti16"))
+    assert marked == [catalog.default_tag("vit_ti16")] and len(lines) == len(
+        catalog.list_pretrained("vit_ti16")
+    )
     assert cli.main(["pretrained"]) == 0
     marked = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.endswith("(default)")]
-    assert sorted(marked) == sorted(kp.default_tags().values())
+    assert sorted(marked) == sorted(catalog.default_tags().values())
 
 
 def test_models_listing_shows_small_models_and_hybrid_stems(capsys):

@@ -9,9 +9,9 @@ import sys
 import pytest
 from helpers import subprocess_env
 
-from keras_vit.environment import ONEDNN_VARIABLE, onednn_enabled
+from keras_vit.utils.environment import ONEDNN_VARIABLE, onednn_enabled
 
-_REPORT = "from keras_vit.environment import onednn_enabled; import tensorflow; print(onednn_enabled())"
+_REPORT = "from keras_vit.utils.environment import onednn_enabled; import tensorflow; print(onednn_enabled())"
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:

@@ -6,8 +6,10 @@ import inspect
 import numpy as np
 import pytest
 
-from keras_vit import data, optimization, options, pretrain, recipes, training
 from keras_vit.cli import build_parser
+from keras_vit.data import tfdata as data
+from keras_vit.training import classification as training
+from keras_vit.training import optimization, options, pretrain, recipes
 
 COMMANDS = [
     ("train", options.ClassifierOptions, training.train),
@@ -94,7 +96,6 @@ def test_recipes_give_their_values_and_their_optimizer():
     assert recipes.get_recipe("finetune") is recipes.FINE_TUNING
     with pytest.raises(ValueError, match="recipe must be one of 'pretrain', 'finetune'"):
         recipes.get_recipe("masked")
-    assert recipes.WarmupDecay is optimization.WarmupDecay  # the Keras objects' old names
 
 
 def test_augmentation_is_carried_by_the_source():
@@ -106,40 +107,3 @@ def test_augmentation_is_carried_by_the_source():
     assert photos.augmentation() == {"crop_scale": (0.08, 1.0), "flip": True}
     assert photos.augmentation([0.5, 1.0], False) == {"crop_scale": (0.5, 1.0), "flip": False}
     assert dataclasses.replace(photos, flip=False).augmentation(flip=True)["flip"] is True
-
-
-OLD_DEFAULTS = {  # keras_vit.defaults' names of earlier versions, with the values they had then
-    "WARMUP_FRACTION": 0.1,
-    "SCRATCH_LEARNING_RATE": 3e-3,
-    "SCRATCH_WARMUP_CAP": 10_000,
-    "SCRATCH_DROP_PATH": 0.1,
-    "SCRATCH_MIXUP": 0.2,
-    "WEIGHT_DECAY": 0.05,
-    "TRAIN_EPOCHS": 100,
-    "FINETUNE_LEARNING_RATE": 0.01,
-    "FINETUNE_WARMUP_CAP": 500,
-    "PRETRAIN_LEARNING_RATE": 2e-4,
-    "PRETRAIN_WEIGHT_DECAY": 0.0,
-    "PRETRAIN_EPOCHS": 50,
-    "TRAIN_SPLIT": "train",
-    "TEST_SPLIT": "test",
-    "SEED": 0,
-    "DROPOUT": 0.0,
-    "BATCH_SIZE": 64,
-    "STEPS_PER_EXECUTION": "auto",
-    "LABEL_SMOOTHING": 0.1,
-    "TRAIN_OUTPUT_DIR": "vit_run",
-    "PRETRAIN_OUTPUT_DIR": "vit_mpp",
-}
-
-
-@pytest.mark.parametrize("name", sorted(OLD_DEFAULTS))
-def test_old_defaults_names_still_work_with_a_deprecation_warning(name):
-    from keras_vit import defaults
-
-    with pytest.warns(DeprecationWarning, match=f"keras_vit.defaults.{name} is now keras_vit."):
-        assert getattr(defaults, name) == OLD_DEFAULTS[name]
-    with pytest.warns(DeprecationWarning):
-        assert set(defaults.RECIPES) == {"pretrain", "finetune"}
-    with pytest.raises(AttributeError, match="NOT_A_DEFAULT"):
-        defaults.NOT_A_DEFAULT  # noqa: B018

@@ -20,12 +20,12 @@ from helpers import random_images
 from scipy import ndimage as scipy_ndimage
 
 import keras_vit
-from keras_vit.converters import inspect_checkpoint, load_checkpoint
-from keras_vit.converters.loading import source_numerics
-from keras_vit.models import ViT
-from keras_vit.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
-from keras_vit.pretrained import catalog_markdown, get_entry, list_pretrained
-from keras_vit.variants import NUMERICS, ViTConfig
+from keras_vit.checkpoints import inspect_checkpoint, load_checkpoint
+from keras_vit.checkpoints.loading import source_numerics
+from keras_vit.checkpoints.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
+from keras_vit.models.vit import ViT
+from keras_vit.registry.catalog import catalog_markdown, get_entry, list_pretrained
+from keras_vit.registry.variants import NUMERICS, ViTConfig
 
 TRANSFORMER = dict(hidden_size=64, depth=2, num_heads=2, mlp_dim=128, num_classes=10)
 # (checkpoint arguments, keras_vit config) at 32 px: a plain ViT/4 (8x8 tokens); a hybrid with two

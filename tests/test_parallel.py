@@ -1,4 +1,4 @@
-"""keras.distribution on JAX (`keras_vit.parallel`): data parallel and Megatron-style model parallel.
+"""keras.distribution on JAX (`keras_vit.models.parallel`): data parallel and Megatron-style model parallel.
 
 The layout map's choice of weights is checked here on any backend (it is plain Python); the
 training runs happen on JAX in subprocesses (`tests/parallel_worker.py`) with 8 host CPU devices
@@ -23,7 +23,7 @@ from helpers import subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
-from keras_vit.parallel import get_layout_map, make_distribution
+from keras_vit.models.parallel import get_layout_map, make_distribution
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 TOLERANCE = 1e-5

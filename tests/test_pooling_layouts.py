@@ -17,10 +17,10 @@ from helpers import checkpoint_writers as writers
 from helpers import count_params_without_weights, random_images
 
 import keras_vit
-from keras_vit import inspection as vit_inspect
-from keras_vit.converters import CheckpointError, inspect_checkpoint, load_checkpoint
-from keras_vit.layers import MultiheadAttentionPooling, TokenPooling
-from keras_vit.variants import ViTConfig
+from keras_vit.checkpoints import CheckpointError, inspect_checkpoint, load_checkpoint
+from keras_vit.inspection import analysis as vit_inspect
+from keras_vit.models.layers import MultiheadAttentionPooling, TokenPooling
+from keras_vit.registry.variants import ViTConfig
 
 TINY = ViTConfig("tiny", patch_size=8, hidden_size=32, depth=2, num_heads=4, mlp_dim=64, image_size=32)
 # timm files do not record the head count: keras_vit reads width / 64 heads for a width it does not list.

@@ -14,11 +14,11 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from keras_vit import data
-from keras_vit.export import export_serving, image_preprocessing
-from keras_vit.preprocessing import Preprocessing, load_image, preprocess_input
-from keras_vit.pretrained import get_entry
-from keras_vit.tf_preprocessing import ImagePreprocessing, decode_image
+from keras_vit.data import tfdata as data
+from keras_vit.data.preprocessing import Preprocessing, load_image, preprocess_input
+from keras_vit.data.tf_preprocessing import ImagePreprocessing, decode_image
+from keras_vit.deploy.export import export_serving, image_preprocessing
+from keras_vit.registry.catalog import get_entry
 
 HF_TAG = "vit_b16.hf_orig_in21k_ft_in1k"  # crop_pct 1.0 (no crop), bilinear, 224 px
 DEFAULT_SIZE = (32, 48)  # not square: the crop arithmetic differs per axis

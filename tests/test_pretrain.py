@@ -13,8 +13,8 @@ from helpers import subprocess_env
 from keras import ops
 
 import keras_vit
-from keras_vit import pretrain
 from keras_vit.cli import main as cli_main
+from keras_vit.training import pretrain
 
 TIMEOUT = 240
 TINY = keras_vit.ViTConfig(
@@ -157,7 +157,7 @@ def test_pretrain_cli_loss_falls_on_digits_and_backbone_transfers(tmp_path):
     assert report["steps"] == 60 and len(losses) == 3 and report["chance_loss"] == pytest.approx(np.log(512))
     assert losses[-1] < 0.6 * losses[0], losses  # from ~log(512) = 6.2 on real (digit) images
     assert report["history"]["patch_accuracy"][-1] > 0.2
-    train, test = keras_vit.data.load_digits()
+    train, test = keras_vit.data.tfdata.load_digits()
     assert report["pretraining_examples"] == train.num_examples  # the train split only, never test
 
     backbone = keras.saving.load_model(out / "backbone.keras")
@@ -266,7 +266,7 @@ MIRRORED = textwrap.dedent(
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import numpy as np
     import keras_vit
-    from keras_vit import pretrain
+    from keras_vit.training import pretrain
     tiny = keras_vit.ViTConfig("vit_tiny_test", 4, 32, 1, 2, 64, image_size=16)
     images = np.random.default_rng(0).integers(0, 256, (64, 16, 16, 3)).astype("uint8")
     runs = {}

@@ -24,10 +24,11 @@ from timm.models import get_pretrained_cfg
 from timm.models.vision_transformer_hybrid import checkpoint_filter_fn
 
 import keras_vit
-from keras_vit import pretrained as kp
-from keras_vit.converters import FORMATS
-from keras_vit.preprocessing import LABEL_SETS, decode_predictions, preprocess_input
-from keras_vit.variants import VARIANTS
+from keras_vit.checkpoints import FORMATS
+from keras_vit.checkpoints import pretrained as kp
+from keras_vit.data.preprocessing import LABEL_SETS, decode_predictions, preprocess_input
+from keras_vit.registry import catalog
+from keras_vit.registry.variants import VARIANTS
 
 DEFAULT_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # vit_ti16's default tag
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -98,7 +99,7 @@ def timm_logits(model, images: np.ndarray) -> np.ndarray:
 
 def test_catalog_rows_are_well_formed():
     data = json.loads(resources.files("keras_vit.weights").joinpath("catalog.json").read_text())
-    fields = {field.name for field in dataclasses.fields(kp.CatalogEntry)}
+    fields = {field.name for field in dataclasses.fields(catalog.CatalogEntry)}
     tags = [row["tag"] for row in data["checkpoints"]]
     assert len(tags) == len(set(tags))
     for row in data["checkpoints"]:
@@ -127,7 +128,7 @@ def test_catalog_rows_are_well_formed():
 
 
 def test_timm_rows_agree_with_installed_timm():
-    rows = [kp.get_entry(tag) for tag in kp.list_pretrained()]
+    rows = [catalog.get_entry(tag) for tag in catalog.list_pretrained()]
     timm_rows = [entry for entry in rows if entry.format == "timm"]
     # complete: every Google-trained timm checkpoint of a plain variant has a row
     plain = re.compile(
@@ -156,7 +157,7 @@ def test_timm_rows_agree_with_installed_timm():
 def test_imagenet1k_labels_match_torchvision():
     from torchvision.models._meta import _IMAGENET_CATEGORIES
 
-    from keras_vit.preprocessing import imagenet1k_labels
+    from keras_vit.data.preprocessing import imagenet1k_labels
 
     labels = imagenet1k_labels()
     assert list(labels) == list(_IMAGENET_CATEGORIES)
@@ -164,10 +165,10 @@ def test_imagenet1k_labels_match_torchvision():
 
 
 def test_tags_resolve_and_wrong_variant_names_the_factory():
-    assert kp.default_tag("vit_b16") == "vit_b16.augreg2_in21k_ft_in1k"
-    assert kp.default_tag("vit_h14") == "vit_h14.orig_in21k"
-    short = kp.get_entry("augreg_in21k_ft_in1k_384", "vit_b16")
-    assert short is kp.get_entry("vit_b16.augreg_in21k_ft_in1k_384")
+    assert catalog.default_tag("vit_b16") == "vit_b16.augreg2_in21k_ft_in1k"
+    assert catalog.default_tag("vit_h14") == "vit_h14.orig_in21k"
+    short = catalog.get_entry("augreg_in21k_ft_in1k_384", "vit_b16")
+    assert short is catalog.get_entry("vit_b16.augreg_in21k_ft_in1k_384")
     assert (short.resolution, short.num_classes, short.label_set) == (384, 1000, "imagenet1k")
     with pytest.raises(ValueError, match=r"keras_vit\.vit_l16\(pretrained='vit_l16\.augreg_in21k_ft_in1k'\)"):
         keras_vit.vit_b16(pretrained="vit_l16.augreg_in21k_ft_in1k")
@@ -175,7 +176,7 @@ def test_tags_resolve_and_wrong_variant_names_the_factory():
         keras_vit.vit_ti16(pretrained="augreg2_in21k_ft_in1k")
     with pytest.raises(FileNotFoundError, match="No checkpoint file"):
         keras_vit.vit_ti16(pretrained="missing/dir/model.safetensors")
-    assert "| `vit_b16.augreg2_in21k_ft_in1k` (default) | 224 | 1000 |" in kp.catalog_markdown()
+    assert "| `vit_b16.augreg2_in21k_ft_in1k` (default) | 224 | 1000 |" in catalog.catalog_markdown()
 
 
 # ---------------------------------------------------------------- downloads and the cache
@@ -206,13 +207,13 @@ def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(hub_cache
 
     decoded = decode_predictions(logits, top=3, tag_or_model=model)
     best = int(np.argmax(logits[0]))
-    assert decoded[0][0][:2] == (best, keras_vit.preprocessing.imagenet1k_labels()[best])
+    assert decoded[0][0][:2] == (best, keras_vit.data.preprocessing.imagenet1k_labels()[best])
     assert [score for _, _, score in decoded[0]] == sorted((s for _, _, s in decoded[0]), reverse=True)
 
     # the tag lives in the model's name, which a .keras round trip keeps
     model.save(tmp_path / "m.keras")
     reloaded = keras.saving.load_model(tmp_path / "m.keras")
-    assert kp.model_entry(reloaded).tag == "vit_ti16.augreg_in21k_ft_in1k"
+    assert catalog.model_entry(reloaded).tag == "vit_ti16.augreg_in21k_ft_in1k"
     del model, reloaded
     keras.backend.clear_session()
 
@@ -220,7 +221,7 @@ def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(hub_cache
 @pytest.mark.slow
 def test_hybrid_pretrained_true_from_cache_matches_timm(hub_cache):
     """The hybrid rows of the catalog load like the plain ones: R+ViT-Ti/16's default tag, at 384 px."""
-    entry = kp.get_entry(kp.default_tag("vit_r_ti16"))
+    entry = catalog.get_entry(catalog.default_tag("vit_r_ti16"))
     torch.manual_seed(0)
     reference = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False).eval()
     with torch.no_grad():
@@ -254,7 +255,7 @@ def test_truncated_cached_file_is_removed_not_trusted(hub_cache, timm_tiny):
 def test_sha256_is_verified_and_a_mismatch_deletes_the_file(hub_cache):
     data = b"not really a checkpoint"
     populate_cache(hub_cache, DEFAULT_REPO, "model.safetensors", data)
-    entry = kp.get_entry("vit_ti16.augreg_in21k_ft_in1k")
+    entry = catalog.get_entry("vit_ti16.augreg_in21k_ft_in1k")
     good = dataclasses.replace(entry, sha256=hashlib.sha256(data).hexdigest())
     assert Path(kp.download_checkpoint(good)).read_bytes() == data
     with pytest.raises(kp.WeightsIntegrityError, match="sha256"):

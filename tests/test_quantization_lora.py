@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.lora import LORA_TARGETS, lora_layers, lora_parameter_count, max_lora_rank
-from keras_vit.models import ViT
+from keras_vit.deploy.lora import LORA_TARGETS, lora_layers, lora_parameter_count, max_lora_rank
+from keras_vit.models.vit import ViT
 
 # `Model.quantize` warns about every layer Keras cannot quantize (LayerNormalization, Conv2D, ...).
 pytestmark = pytest.mark.filterwarnings("ignore:Layer .* does not have a `quantize` method")

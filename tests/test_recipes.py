@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import recipes
+from keras_vit.training import optimization
 
 
 def _tiny_vit(num_classes=3):
     config = keras_vit.ViTConfig(
         "vit_tiny_test", patch_size=4, hidden_size=16, depth=1, num_heads=2, mlp_dim=32
     )
-    # logits: recipes.loss is a cross-entropy from logits
+    # logits: optimization.loss is a cross-entropy from logits
     return keras_vit.build_vit(config, image_size=8, num_classes=num_classes, classifier_activation=None)
 
 
@@ -26,7 +26,7 @@ def _tiny_data(rng, count=32, num_classes=3):
 @pytest.mark.parametrize("decay", ["cosine", "linear"])
 def test_warmup_decay_matches_formula(decay):
     peak, end, total, warmup = 0.3, 0.01, 110, 10
-    schedule = recipes.WarmupDecay(peak, total, warmup_steps=warmup, decay=decay, end_learning_rate=end)
+    schedule = optimization.WarmupDecay(peak, total, warmup_steps=warmup, decay=decay, end_learning_rate=end)
 
     def expected(step):
         if step < warmup:
@@ -47,28 +47,28 @@ def test_warmup_decay_matches_formula(decay):
 
 
 def test_warmup_decay_serialises_and_validates():
-    schedule = recipes.WarmupDecay(1e-3, 1000, warmup_steps=100, decay="linear", end_learning_rate=1e-5)
+    schedule = optimization.WarmupDecay(1e-3, 1000, warmup_steps=100, decay="linear", end_learning_rate=1e-5)
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
-    assert isinstance(restored, recipes.WarmupDecay)
+    assert isinstance(restored, optimization.WarmupDecay)
     assert restored.get_config() == schedule.get_config()
     for step in (0, 50, 100, 550, 1000):
         assert float(restored(step)) == float(schedule(step))
-    optimizer = recipes.pretraining_optimizer(1000, warmup_steps=100)
+    optimizer = optimization.pretraining_optimizer(1000, warmup_steps=100)
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(optimizer))
-    assert isinstance(clone, recipes.KernelDecayAdamW)
+    assert isinstance(clone, optimization.KernelDecayAdamW)
     assert clone.get_config()["learning_rate"] == optimizer.get_config()["learning_rate"]
     assert "WarmupDecay" in str(clone.get_config()["learning_rate"])
 
     with pytest.raises(ValueError, match="warmup_steps"):
-        recipes.WarmupDecay(0.1, 100, warmup_steps=100)
+        optimization.WarmupDecay(0.1, 100, warmup_steps=100)
     with pytest.raises(ValueError, match="Unknown decay"):
-        recipes.WarmupDecay(0.1, 100, decay="exponential")
+        optimization.WarmupDecay(0.1, 100, decay="exponential")
 
 
 def test_pretraining_optimizer_decays_only_kernels():
     model = _tiny_vit()
     learning_rate, weight_decay = 0.1, 0.5
-    optimizer = recipes.pretraining_optimizer(
+    optimizer = optimization.pretraining_optimizer(
         10, learning_rate=learning_rate, weight_decay=weight_decay, warmup_steps=0
     )
     assert isinstance(optimizer, keras.optimizers.AdamW)  # KernelDecayAdamW
@@ -92,7 +92,7 @@ def test_pretraining_optimizer_decays_only_kernels():
 
 
 def test_finetuning_optimizer_is_sgd_momentum_with_clipping():
-    optimizer = recipes.finetuning_optimizer(100, learning_rate=0.1, warmup_steps=0)
+    optimizer = optimization.finetuning_optimizer(100, learning_rate=0.1, warmup_steps=0)
     assert isinstance(optimizer, keras.optimizers.SGD)
     assert (optimizer.momentum, optimizer.global_clipnorm, optimizer.weight_decay) == (0.9, 1.0, None)
     weights = keras.Variable(np.zeros(4, "float32"))
@@ -100,21 +100,23 @@ def test_finetuning_optimizer_is_sgd_momentum_with_clipping():
     optimizer.apply([gradient], [weights])
     np.testing.assert_allclose(weights.numpy(), -0.1 * gradient / 50.0, rtol=1e-6)
     with pytest.raises(ValueError, match="ema_momentum"):
-        recipes.finetuning_optimizer(1000, ema_momentum=1.5)
+        optimization.finetuning_optimizer(1000, ema_momentum=1.5)
 
 
 def test_loss_takes_sparse_labels_with_label_smoothing():
     logits = np.array([[2.0, -1.0, 0.5], [0.1, 0.2, 3.0], [1.0, 1.0, 1.0]], "float32")
     labels = np.array([0, 2, 1])
     onehot = np.eye(3, dtype="float32")[labels]
-    smoothed = recipes.loss(label_smoothing=0.1)(labels, logits)
+    smoothed = optimization.loss(label_smoothing=0.1)(labels, logits)
     reference = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)(onehot, logits)
     np.testing.assert_allclose(float(smoothed), float(reference), rtol=1e-6)
-    plain = recipes.loss()(labels[:, None], logits)
+    plain = optimization.loss()(labels[:, None], logits)
     reference = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, logits)
     np.testing.assert_allclose(float(plain), float(reference), rtol=1e-6)
     assert float(smoothed) != pytest.approx(float(plain))
-    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(recipes.loss(0.2)))
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(optimization.loss(0.2))
+    )
     assert restored.label_smoothing == 0.2
 
 
@@ -124,25 +126,27 @@ def test_loss_and_accuracy_take_mixed_labels():
     logits = np.array([[2.0, -1.0, 0.5], [0.1, 0.2, 3.0], [1.0, 2.0, 1.0]], "float32")
     mixed = np.array([[0.7, 0.3, 0.0], [0.0, 0.4, 0.6], [0.2, 0.0, 0.8]], "float32")
     for smoothing in (0.0, 0.1):
-        got = recipes.loss(label_smoothing=smoothing)(mixed, logits)
+        got = optimization.loss(label_smoothing=smoothing)(mixed, logits)
         reference = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=smoothing)
         expected = reference(mixed, logits)
         np.testing.assert_allclose(float(got), float(expected), rtol=1e-6)
     for labels in (mixed, np.array([0, 2, 2]), np.array([[0], [2], [2]])):
-        accuracy = recipes.LabelAccuracy()
+        accuracy = optimization.LabelAccuracy()
         accuracy.update_state(labels, logits)
         assert float(accuracy.result()) == pytest.approx(2 / 3)
-    config = keras.saving.serialize_keras_object(recipes.LabelAccuracy())
+    config = keras.saving.serialize_keras_object(optimization.LabelAccuracy())
     restored = keras.saving.deserialize_keras_object(config)
-    assert isinstance(restored, recipes.LabelAccuracy) and restored.name == "accuracy"
+    assert isinstance(restored, optimization.LabelAccuracy) and restored.name == "accuracy"
 
 
 def test_ema_weights_differ_from_raw_and_are_left_after_fit(rng, tmp_path):
     model = _tiny_vit()
     momentum = 0.8
     model.compile(
-        optimizer=recipes.finetuning_optimizer(8, learning_rate=0.05, warmup_steps=1, ema_momentum=momentum),
-        loss=recipes.loss(),
+        optimizer=optimization.finetuning_optimizer(
+            8, learning_rate=0.05, warmup_steps=1, ema_momentum=momentum
+        ),
+        loss=optimization.loss(),
     )
     raw_history = []
 
@@ -175,7 +179,8 @@ def test_recipes_train_under_mixed_precision(policy, rng):
     keras.config.set_dtype_policy(policy)
     model = _tiny_vit()
     model.compile(
-        optimizer=recipes.pretraining_optimizer(4, learning_rate=1e-2, warmup_steps=1), loss=recipes.loss(0.1)
+        optimizer=optimization.pretraining_optimizer(4, learning_rate=1e-2, warmup_steps=1),
+        loss=optimization.loss(0.1),
     )
     # compile wraps the optimizer in a LossScaleOptimizer for float16 only.
     assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == (policy == "mixed_float16")

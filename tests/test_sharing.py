@@ -20,9 +20,9 @@ from helpers import checkpoint_writers as writers
 from helpers import random_images
 
 import keras_vit
-from keras_vit import sharing
-from keras_vit.converters.write_common import NotExpressibleError
-from keras_vit.variants import ViTConfig
+from keras_vit.checkpoints.write_common import NotExpressibleError
+from keras_vit.deploy import sharing
+from keras_vit.registry.variants import ViTConfig
 
 TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
 # A stem-only R+ViT hybrid (timm's vit_tiny_r_s16_p8 family): 32 px per token, a 2x2 grid at 64 px.
@@ -109,7 +109,7 @@ def test_plain_model_in_every_format(tiny, tmp_path):
             TINY.num_heads,
         )
     )
-    assert keras_vit.sharing.read_metadata(written["hf"])["labels"] == LABELS
+    assert keras_vit.deploy.sharing.read_metadata(written["hf"])["labels"] == LABELS
 
 
 def test_google_npz_is_what_timm_loads(tiny, tmp_path):
@@ -361,7 +361,7 @@ def test_cli_push_uses_the_run_folder(tiny, tmp_path, monkeypatch, capsys):
     assert "library_name: transformers" in calls["card"] and "| accuracy | 0.75 |" in calls["card"]
     assert 'ViTForImageClassification.from_pretrained("someone/run")' in calls["card"]
     back = keras_vit.load_pretrained("hf-hub:someone/run")
-    assert keras_vit.sharing.read_metadata("hf-hub:someone/run")["labels"] == LABELS
+    assert keras_vit.deploy.sharing.read_metadata("hf-hub:someone/run")["labels"] == LABELS
     np.testing.assert_array_equal(keras_logits(back, images_for(tiny)), keras_logits(tiny, images_for(tiny)))
 
 

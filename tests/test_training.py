@@ -11,9 +11,10 @@ import pytest
 from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
 
 import keras_vit
-from keras_vit import recipes, runs, training
-from keras_vit.runs.backup import sign_state
-from keras_vit.variants import ViTConfig
+from keras_vit.registry.variants import ViTConfig
+from keras_vit.training import classification as training
+from keras_vit.training import recipes, runs
+from keras_vit.training.runs.backup import sign_state
 
 WORKER = os.path.join(os.path.dirname(__file__), "helpers", "training_worker.py")
 TIMEOUT = 180
@@ -72,7 +73,7 @@ def test_load_dataset_errors(tmp_path):
 
 def test_run_description_is_the_same_in_every_process():
     """Backups compare run arguments: sources and arrays are described without object addresses."""
-    first, second = keras_vit.data.load_digits(), keras_vit.data.load_digits()
+    first, second = keras_vit.data.tfdata.load_digits(), keras_vit.data.tfdata.load_digits()
     assert (
         runs.describe(first)
         == runs.describe(second)

@@ -20,7 +20,7 @@ import pytest
 
 import keras_vit
 from keras_vit import ViTConfig
-from keras_vit.preprocessing import Preprocessing
+from keras_vit.data.preprocessing import Preprocessing
 
 CONFIG = ViTConfig("tiny_uint8", 4, 32, 2, 2, 64, image_size=(16, 12))
 STATISTICS = {"google": None, "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
@@ -109,7 +109,7 @@ def test_statistics_come_from_the_catalog_checkpoint_of_the_name(monkeypatch):
     has Google's 0.5 today: one is given ImageNet's statistics here), any other with the default."""
     import dataclasses
 
-    from keras_vit import catalog
+    from keras_vit.registry import catalog
 
     tag = keras_vit.list_pretrained()[0]
     mean, std = STATISTICS["imagenet"]

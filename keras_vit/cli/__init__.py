@@ -1,7 +1,7 @@
 """`keras-vit`: the command line (`keras_vit.cli:main`).
 
 `parser` declares the commands and their flags (the training commands' generated from
-`keras_vit.options`), `startup` imports the backend in a safe order and turns errors into one
+`keras_vit.training.options`), `startup` imports the backend in a safe order and turns errors into one
 line, `commands` does each job. Importing this package imports nothing heavy.
 """
 
@@ -11,7 +11,7 @@ import sys
 
 from keras_vit.cli.parser import build_parser
 from keras_vit.cli.startup import error_message, load_backend
-from keras_vit.environment import enable_onednn
+from keras_vit.utils.environment import enable_onednn
 
 __all__ = ["build_parser", "main"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
-from keras_vit import defaults
 from keras_vit.cli.startup import op_error_message
-from keras_vit.validation import existing_file, output_file, output_folder
+from keras_vit.utils import defaults
+from keras_vit.utils.validation import existing_file, output_file, output_folder
 
 MODEL = "vit_b16"  # --model's default (predict, inspect, export, convert, push)
 
@@ -37,7 +37,7 @@ __all__ = [
 
 
 def run_models(args) -> int:
-    from keras_vit.variants import VARIANTS
+    from keras_vit.registry.variants import VARIANTS
 
     header = f"{'model':<12} {'D':>5} {'layers':>6} {'heads':>5} {'MLP':>5} {'px/token':>8} {'size':>5}"
     print(f"{header}  ResNet stages")
@@ -51,7 +51,7 @@ def run_models(args) -> int:
 
 
 def run_pretrained(args) -> int:
-    from keras_vit import catalog
+    from keras_vit.registry import catalog
 
     if args.markdown:
         print(catalog.catalog_markdown())
@@ -71,7 +71,7 @@ def check_checkpoint(args) -> None:
 
 
 def run_checkpoint(args) -> int:
-    from keras_vit.converters import inspect_checkpoint
+    from keras_vit.checkpoints import inspect_checkpoint
 
     info = inspect_checkpoint(args.checkpoint)
     for field, value in vars(info).items():
@@ -107,7 +107,7 @@ def _is_checkpoint(model: str) -> bool:
 def _check_model_flags(args) -> None:
     """`--model` a variant with `--weights`; or without: a .keras file, a save_pretrained folder
     or a checkpoint file (its variant found from its shapes)."""
-    from keras_vit.variants import VARIANTS
+    from keras_vit.registry.variants import VARIANTS
 
     if _holds_weights(args.model) or _is_checkpoint(args.model):
         kind = "a .keras file" if args.model.endswith(".keras") else "a save_pretrained folder"
@@ -128,14 +128,16 @@ def _model(args, default_weights: bool | str = True):
     """The model `--model` names (checked by `_check_model_flags`): a variant built with
     `--weights` (default `default_weights`), a .keras file (keras-vit train's model.keras), a
     save_pretrained folder or a checkpoint file."""
-    import keras_vit
+    from keras_vit.deploy.sharing import load_pretrained
+    from keras_vit.models.vit import create_model
+    from keras_vit.saving import load_model
 
     if args.model.endswith(".keras"):
-        return keras_vit.load_model(args.model)
+        return load_model(args.model)
     if _holds_weights(args.model):
-        return keras_vit.load_pretrained(args.model)
+        return load_pretrained(args.model)
     if _is_checkpoint(args.model):
-        from keras_vit.converters import inspect_checkpoint
+        from keras_vit.checkpoints import inspect_checkpoint
 
         variant = inspect_checkpoint(args.model).variant
         if variant is None:
@@ -143,8 +145,8 @@ def _model(args, default_weights: bool | str = True):
                 f"--model {args.model}: no keras_vit variant has this checkpoint's architecture; pass a "
                 "variant as --model and the file as --weights."
             )
-        return keras_vit.create_model(variant, args.model)
-    return keras_vit.create_model(args.model, default_weights if args.weights is None else args.weights)
+        return create_model(variant, args.model)
+    return create_model(args.model, default_weights if args.weights is None else args.weights)
 
 
 def _class_names_file(args) -> str | None:
@@ -154,7 +156,7 @@ def _class_names_file(args) -> str | None:
 
 def _read_class_names(path: str, model) -> list[str]:
     """The class names in `path`, one per class of `model`'s head (an error naming the file if not)."""
-    from keras_vit.preprocessing import read_labels
+    from keras_vit.data.preprocessing import read_labels
 
     names = read_labels(existing_file("the labels file", path))
     classes = int(model.output_shape[-1])
@@ -170,7 +172,7 @@ def _shared_class_names(args) -> list[str] | None:
     """The class names a save_pretrained folder `--model` records, if any."""
     if args.model.endswith(".keras") or not _holds_weights(args.model):
         return None
-    from keras_vit.sharing import read_metadata
+    from keras_vit.deploy.sharing import read_metadata
 
     return read_metadata(args.model).get("labels")
 
@@ -195,9 +197,8 @@ def check_predict(args) -> None:
 def run_predict(args) -> int:
     if args.saved_model:
         return _predict_saved_model(args)
-    import keras_vit
-    from keras_vit import catalog
-    from keras_vit.preprocessing import Preprocessing
+    from keras_vit.data.preprocessing import Preprocessing, decode_predictions, load_image, preprocess_input
+    from keras_vit.registry import catalog
 
     model = _model(args)
     if args.weights is False:
@@ -222,10 +223,10 @@ def run_predict(args) -> int:
     spec = Preprocessing.for_model(model)  # the checkpoint's, else the package default
     max_pixels = defaults.MAX_PIXELS if args.max_pixels is None else args.max_pixels
     for path in args.images:
-        image = keras_vit.load_image(path, spec, max_pixels=max_pixels)
-        probabilities = model.predict(keras_vit.preprocess_input(image[None], spec), verbose=0)
+        image = load_image(path, spec, max_pixels=max_pixels)
+        probabilities = model.predict(preprocess_input(image[None], spec), verbose=0)
         print(path)
-        decoded = keras_vit.decode_predictions(probabilities, top, model, class_names=names)[0]
+        decoded = decode_predictions(probabilities, top, model, class_names=names)[0]
         for index, name, probability in decoded:
             print(f"  {probability:7.2%}  {index:>5}  {name}")
     return 0
@@ -233,7 +234,7 @@ def run_predict(args) -> int:
 
 def _check_source_flags(args) -> None:
     """`convert` / `push`: the flags SOURCE's kind cannot honour are refused, before anything runs."""
-    from keras_vit.variants import VARIANTS
+    from keras_vit.registry.variants import VARIANTS
 
     source = args.source
     if source is None:
@@ -255,25 +256,28 @@ def _check_source_flags(args) -> None:
 def _convert_source(args):
     """The model `convert` writes: SOURCE (a variant, a .keras file, a save_pretrained folder or
     `hf-hub:` repo, or a checkpoint into --model), else --model with --weights."""
-    import keras_vit
+    from keras_vit.deploy.sharing import load_pretrained
+    from keras_vit.models.vit import create_model
+    from keras_vit.registry.variants import VARIANTS
+    from keras_vit.saving import load_model
 
     source = args.source
     args.model = args.model or MODEL
     weights = True if args.weights is None else args.weights
     sizes = dict(image_size=args.image_size, num_classes=args.num_classes)
-    if source is None or source in keras_vit.VARIANTS:
-        return keras_vit.create_model(source or args.model, weights, **sizes)
+    if source is None or source in VARIANTS:
+        return create_model(source or args.model, weights, **sizes)
     if source.endswith(".keras"):
-        return keras_vit.load_model(source)
-    from keras_vit.sharing import METADATA_FILE
+        return load_model(source)
+    from keras_vit.deploy.sharing import METADATA_FILE
 
     if source.startswith("hf-hub:") or os.path.isfile(os.path.join(source, METADATA_FILE)):
-        return keras_vit.load_pretrained(source, verify=args.verify)
-    return keras_vit.create_model(args.model, source, **sizes)
+        return load_pretrained(source, verify=args.verify)
+    return create_model(args.model, source, **sizes)
 
 
 def check_convert(args) -> None:
-    from keras_vit.files import refuse_overlap
+    from keras_vit.utils.files import refuse_overlap
 
     _check_source_flags(args)
     if not args.to:
@@ -285,15 +289,15 @@ def check_convert(args) -> None:
 
 
 def run_convert(args) -> int:
-    from keras_vit.files import replace_file
+    from keras_vit.utils.files import replace_file
 
     model = _convert_source(args)
     if args.to:
-        import keras_vit
-        from keras_vit.preprocessing import read_labels
+        from keras_vit.data.preprocessing import read_labels
+        from keras_vit.deploy.sharing import save_pretrained
 
         labels = read_labels(args.labels) if args.labels else None
-        keras_vit.save_pretrained(model, args.output, args.to, labels=labels, overwrite=args.overwrite)
+        save_pretrained(model, args.output, args.to, labels=labels, overwrite=args.overwrite)
         print(
             f"wrote {args.output} ({model.name} in the {args.to} format, {model.count_params():,} parameters)"
         )
@@ -318,13 +322,13 @@ def check_push(args) -> None:
 
 
 def run_push(args) -> int:
-    import keras_vit
-    from keras_vit.preprocessing import read_labels
+    from keras_vit.data.preprocessing import read_labels
+    from keras_vit.deploy.sharing import push_to_hub
 
     model = _convert_source(args)
     labels_file = args.labels or _beside(args.source, defaults.LABELS_FILE)
     report = args.report or _beside(args.source, "report.json")
-    url = keras_vit.push_to_hub(
+    url = push_to_hub(
         model,
         args.repo_id,
         args.format,
@@ -344,7 +348,7 @@ def check_inspect(args) -> None:
 
 
 def run_inspect(args) -> int:
-    from keras_vit.plots import write_inspection
+    from keras_vit.inspection.plots import write_inspection
 
     model = _model(args)
     label = model.name if args.weights is not False else f"{model.name}, random weights"
@@ -365,7 +369,7 @@ def _predict_saved_model(args) -> int:
     """`predict --saved-model`: the files' bytes through the export's `serving_bytes` signature."""
     import tensorflow as tf
 
-    from keras_vit.export import BYTES_SIGNATURE, latest_version
+    from keras_vit.deploy.export import BYTES_SIGNATURE, latest_version
 
     serve = tf.saved_model.load(latest_version(args.saved_model)).signatures[BYTES_SIGNATURE]
     for path in args.images:
@@ -418,7 +422,7 @@ def _check_export_flags(args) -> None:
 
 
 def check_export(args) -> None:
-    from keras_vit.files import refuse_overlap
+    from keras_vit.utils.files import refuse_overlap
 
     _check_export_flags(args)
     written = args.export_dir
@@ -430,13 +434,13 @@ def check_export(args) -> None:
 
 
 def run_export(args) -> int:
-    import keras_vit
+    from keras_vit.deploy.export import export_litert, export_onnx, export_serving
 
     model = _model(args)
     labels_file = _class_names_file(args)
     labels = _read_class_names(labels_file, model) if labels_file else _shared_class_names(args)
     if args.format != "saved_model":
-        write = keras_vit.export_onnx if args.format == "onnx" else keras_vit.export_litert
+        write = export_onnx if args.format == "onnx" else export_litert
         options = {"int8": True} if args.int8 else {}
         path = write(
             model,
@@ -449,7 +453,7 @@ def run_export(args) -> int:
         print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}, {size:.1f} MiB)")
         return 0
     top_k = min(5, int(model.output_shape[-1])) if args.top_k is None else args.top_k
-    path = keras_vit.export_serving(
+    path = export_serving(
         model,
         args.export_dir,
         1 if args.version is None else args.version,
@@ -466,7 +470,7 @@ def run_export(args) -> int:
 
 def _model_config(args):
     """The architecture named by `--model` with the custom sizes given on the command line."""
-    from keras_vit.variants import model_config
+    from keras_vit.registry.variants import model_config
 
     return model_config(
         args.model,
@@ -479,8 +483,8 @@ def _model_config(args):
 
 
 def _options(args) -> dict:
-    """The run options of the command (`keras_vit.options`), by name, as parsed."""
-    from keras_vit.options import option_fields
+    """The run options of the command (`keras_vit.training.options`), by name, as parsed."""
+    from keras_vit.training.options import option_fields
 
     return {field.name: getattr(args, field.name) for field, _ in option_fields(args.options_class)}
 
@@ -493,7 +497,7 @@ def check_run_options(args) -> None:
 
 def run_train(args) -> int:
     """`train` and `finetune`: `keras_vit.training.train` with the command's recipe."""
-    from keras_vit import training
+    from keras_vit.training import classification as training
 
     result = training.train(_model_config(args), args.dataset, recipe=args.recipe, **_options(args))
     report = result.report
@@ -506,8 +510,8 @@ def run_train(args) -> int:
 
 
 def run_pretrain(args) -> int:
-    """`pretrain`: `keras_vit.pretrain.pretrain` (masked patch prediction)."""
-    from keras_vit import pretrain
+    """`pretrain`: `keras_vit.training.pretrain.pretrain` (masked patch prediction)."""
+    from keras_vit.training import pretrain
 
     result = pretrain.pretrain(_model_config(args), args.dataset, **_options(args))
     report = result.report

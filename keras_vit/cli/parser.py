@@ -1,8 +1,8 @@
 """The `keras-vit` command line's arguments: every command's flags and help, declared or generated.
 
-The training commands' flags are generated from the run options (`keras_vit.options`): each
+The training commands' flags are generated from the run options (`keras_vit.training.options`): each
 option's flag, type, check, default and help are declared once there, and its help names the
-command's recipe values (`keras_vit.recipes`). The other commands declare their few flags here.
+command's recipe values (`keras_vit.training.recipes`). The other commands declare their few flags here.
 Parsing imports nothing heavy, so `--help` is instant and no backend is chosen before
 `keras_vit.cli.startup` chooses it.
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from keras_vit import defaults, validation
 from keras_vit.cli import commands
-from keras_vit.options import (
+from keras_vit.training.options import (
     ClassifierOptions,
     MaskedPatchOptions,
     RunOptions,
@@ -21,7 +20,8 @@ from keras_vit.options import (
     help_context,
     option_fields,
 )
-from keras_vit.recipes import FINE_TUNING, FROM_SCRATCH, MASKED_PATCH_PREDICTION, Recipe
+from keras_vit.training.recipes import FINE_TUNING, FROM_SCRATCH, MASKED_PATCH_PREDICTION, Recipe
+from keras_vit.utils import defaults, validation
 
 __all__ = ["add_options", "build_parser"]
 
@@ -35,7 +35,7 @@ and a failure is one `keras-vit: error: ...` line. `keras-vit --debug COMMAND` s
 with tracebacks. The Keras backend is `KERAS_BACKEND`'s (or keras.json's), imported first.
 """
 
-# argparse `type=`s: a bad value fails while parsing, with the usage line (keras_vit.validation).
+# argparse `type=`s: a bad value fails while parsing, with the usage line (keras_vit.utils.validation).
 _POSITIVE_INT = validation.cli_type(validation.positive_int)
 _NON_NEGATIVE_INT = validation.cli_type(validation.non_negative_int)
 _RATE = validation.cli_type(validation.fraction, float)  # [0, 1)

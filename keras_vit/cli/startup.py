@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from keras_vit.environment import keras_backend
+from keras_vit.utils.environment import keras_backend
 
 __all__ = ["error_message", "load_backend", "op_error_message", "quiet_logging"]
 

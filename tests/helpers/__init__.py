@@ -14,7 +14,7 @@ import time
 import keras
 import numpy as np
 
-from keras_vit.converters.write_timm import TIMM_ARCHITECTURES
+from keras_vit.checkpoints.write_timm import TIMM_ARCHITECTURES
 
 # keras_vit variant -> timm model name of the same architecture at 224 px (1000-class head).
 TIMM_NAMES = TIMM_ARCHITECTURES
@@ -59,7 +59,7 @@ def load_into_scrambled(model: keras.Model, source, **kwargs) -> keras.Model:
     """`load_checkpoint(model, source, **kwargs)` into weights first set to random values, then
     assert that every weight changed: a tensor the converter maps but never assigns cannot pass.
     """
-    from keras_vit.converters import load_checkpoint
+    from keras_vit.checkpoints import load_checkpoint
 
     rng = np.random.default_rng(20261126)
     before = {}

@@ -4,7 +4,7 @@
     python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json [slow]
 
 Calls `keras_vit.training.train(**ARGUMENTS)`, or with `"task": "finetune"` or `"pretrain"` in
-ARGUMENTS `keras_vit.training.finetune` or `keras_vit.pretrain.pretrain` (a `model` given as a
+ARGUMENTS `keras_vit.training.finetune` or `keras_vit.training.pretrain.pretrain` (a `model` given as a
 dict is a `ViTConfig`; `slow`: every training step slowed by 0.3 s, so a test can kill the run
 mid-way) and writes `OUT.json`: the report's metrics (accuracy and loss, or pre-training's loss
 and patch accuracy), backend, distribution, steps, history and start epoch, the SHA-256 of the
@@ -24,7 +24,9 @@ ATTEMPTS = block_tensorflow("training on JAX or PyTorch must not need TensorFlow
 
 import keras  # noqa: E402
 
-from keras_vit import ViTConfig, pretrain, training  # noqa: E402
+from keras_vit import ViTConfig  # noqa: E402
+from keras_vit.training import classification as training  # noqa: E402
+from keras_vit.training import pretrain  # noqa: E402
 
 TASKS = {"train": training.train, "finetune": training.finetune, "pretrain": pretrain.pretrain}
 

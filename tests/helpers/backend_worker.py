@@ -22,7 +22,7 @@ import keras_vit  # imports neither TensorFlow nor Keras
 models_dir, out_dir = (Path(arg) for arg in sys.argv[1:3])
 import keras  # noqa: E402
 
-from keras_vit import inspection as vit_inspect  # noqa: E402
+from keras_vit.inspection import analysis as vit_inspect  # noqa: E402
 
 
 class Batches(keras.utils.PyDataset):

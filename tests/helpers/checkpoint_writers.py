@@ -27,7 +27,7 @@ import transformers
 from safetensors.torch import save_file
 
 from helpers import TIMM_NAMES
-from keras_vit.variants import get_config
+from keras_vit.registry.variants import get_config
 
 
 @torch.no_grad()

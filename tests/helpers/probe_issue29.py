@@ -32,10 +32,12 @@ import sklearn.datasets  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import keras_vit  # noqa: E402
-from keras_vit import cli, data, files  # noqa: E402
-from keras_vit.lora import enable_lora  # noqa: E402
-from keras_vit.models import build_vit  # noqa: E402
-from keras_vit.variants import ViTConfig  # noqa: E402
+from keras_vit import cli  # noqa: E402
+from keras_vit.data import tfdata as data  # noqa: E402
+from keras_vit.deploy.lora import enable_lora  # noqa: E402
+from keras_vit.models.vit import build_vit  # noqa: E402
+from keras_vit.registry.variants import ViTConfig  # noqa: E402
+from keras_vit.utils import files  # noqa: E402
 
 TINY = ViTConfig("tiny_probe", patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64, image_size=32)
 PHOTO = Path(sklearn.datasets.__file__).parent / "images" / "china.jpg"
@@ -172,8 +174,8 @@ def main() -> int:
     # ---- damaged or edited files taken as good ---------------------------------------------
     @probe("edited: backup/state.json epoch 3 -> 5, valid JSON (resumed, skipped steps)")
     def _():
-        from keras_vit import runs
-        from keras_vit.runs.backup import sign_state
+        from keras_vit.training import runs
+        from keras_vit.training.runs.backup import sign_state
 
         folder = work / "backup"
         folder.mkdir()
@@ -299,7 +301,7 @@ def main() -> int:
 
     @probe("error: damaged keras_vit.json (raw JSONDecodeError / KeyError: 'model')")
     def _():
-        from keras_vit.converters import CheckpointError
+        from keras_vit.checkpoints import CheckpointError
 
         truncated = edited_copy("truncated_json", lambda f: (f / "keras_vit.json").write_text('{"model": '))
         raises(
@@ -339,8 +341,8 @@ def main() -> int:
 _JAX_AND_TORCH_SCRIPT = """
 import json
 import numpy as np
-from keras_vit.models import build_vit
-from keras_vit.variants import ViTConfig
+from keras_vit.models.vit import build_vit
+from keras_vit.registry.variants import ViTConfig
 
 model = build_vit(ViTConfig("t", patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64,
                             image_size=32), num_classes=3)

@@ -24,7 +24,7 @@ TRAIN = dict(batch_size=32, steps=6, steps_per_epoch=3, learning_rate=3e-3, verb
 
 
 def _tiny_config():
-    from keras_vit.variants import ViTConfig
+    from keras_vit.registry.variants import ViTConfig
 
     return ViTConfig("vit_tiny_test", **TINY)
 
@@ -38,7 +38,7 @@ def mirrored(out: str) -> None:
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from keras_vit import training
+    from keras_vit.training import classification as training
 
     results = {}
     for name, strategy, jit_compile in (
@@ -78,8 +78,8 @@ def multi_worker(out: str) -> None:
 
     import numpy as np
 
-    from keras_vit import training
-    from keras_vit.distribute import get_strategy
+    from keras_vit.training import classification as training
+    from keras_vit.training.runs.distribute import get_strategy
 
     strategy = get_strategy("multi_worker")  # before any TensorFlow op
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
@@ -100,7 +100,8 @@ def multi_worker(out: str) -> None:
 def slow_cli(argv: list[str]) -> int:
     import keras
 
-    from keras_vit import cli, training
+    from keras_vit import cli
+    from keras_vit.training import classification as training
 
     class Slow(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

@@ -12,10 +12,10 @@ os.environ["KERAS_BACKEND"] = "jax"
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from keras_vit.variants import model_config  # noqa: E402
 
 from keras_vit import pyinput  # noqa: E402
 from keras_vit.models import build_vit  # noqa: E402
-from keras_vit.variants import model_config  # noqa: E402
 
 STEPS = 22  # one pass of the digits at batch 64
 

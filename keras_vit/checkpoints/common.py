@@ -1,0 +1,256 @@
+"""What the per-format converters share: target names, tensor transforms and the name-map driver.
+
+Every format module turns a checkpoint into *canonical tensors*: arrays already in the Keras
+layout, keyed by the path of the weight they fill, relative to the model
+(`"block_3/attention/query/kernel"`, `"pos_embed/embedding"`, ...). A format is described by
+two name maps -- top-level keys, and keys inside encoder block `i` -- from a checkpoint key to
+`(target suffix, transform)` pairs; `apply_name_maps` runs them. Each format module also tells
+which of its keys belong to a hybrid's ResNet stem (`is_stem_key`): the loader sets those apart.
+The writers (`write_<format>`) run the same maps backwards (`invert_name_maps`): each transform
+has its inverse (`_INVERSES`), and a key that fills several targets gets their parts concatenated.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from keras_vit.checkpoints.errors import CheckpointError
+
+# Canonical names: the weights' paths in a keras_vit model, relative to the model.
+PATCH_KERNEL = "patch_embed/projection/kernel"
+PATCH_BIAS = "patch_embed/projection/bias"
+CLASS_TOKEN = "class_token/token"
+POS_EMBED = "pos_embed/embedding"
+ENCODER_NORM_SCALE = "encoder_norm/gamma"
+ENCODER_NORM_BIAS = "encoder_norm/beta"
+PRE_LOGITS_KERNEL = "pre_logits/kernel"
+PRE_LOGITS_BIAS = "pre_logits/bias"
+HEAD_KERNEL = "head/kernel"
+HEAD_BIAS = "head/bias"
+POOL = "pool/"  # prefix of the attention-pooling (MAP) head's weights
+BLOCK = "block_{index}/{suffix}"
+_BLOCK_NAME = re.compile(r"block_(\d+)/")  # the inverse of `BLOCK`
+
+
+def block_count(names) -> int:
+    """How many Transformer blocks canonical names (`block_{index}/...`) fill: 1 + the highest index."""
+    return 1 + max((int(match.group(1)) for match in map(_BLOCK_NAME.match, names) if match), default=-1)
+
+
+# (target, transform(array, num_heads) -> array); a key may fill several targets (fused qkv).
+Transform = Callable[[np.ndarray, int | None], np.ndarray]
+Rules = tuple[tuple[str, Transform], ...]
+
+
+@dataclass(frozen=True)
+class CanonicalTensor:
+    """A tensor in Keras layout, with the checkpoint key and shape it came from (for messages)."""
+
+    value: np.ndarray
+    source: str
+    source_shape: tuple[int, ...]
+
+
+@dataclass
+class Conversion:
+    """A converted checkpoint: canonical tensors, and the checkpoint keys that map to nothing."""
+
+    tensors: dict[str, CanonicalTensor] = field(default_factory=dict)
+    unused: list[str] = field(default_factory=list)
+
+
+# ---- per-tensor transforms --------------------------------------------------------------------
+
+
+def keep(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """Already in Keras layout (Google checkpoints, tokens, norms, biases)."""
+    return array
+
+
+def linear_kernel(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """PyTorch `Linear.weight` (out, in) -> Keras `Dense.kernel` (in, out)."""
+    return array.T
+
+
+def conv_kernel(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """PyTorch `Conv2d.weight` OIHW -> Keras `Conv2D.kernel` HWIO."""
+    return array.transpose(2, 3, 1, 0) if array.ndim == 4 else array
+
+
+def conv_kernel_out(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """Keras `Conv2D.kernel` HWIO -> PyTorch `Conv2d.weight` OIHW (the inverse of `conv_kernel`)."""
+    return array.transpose(3, 2, 0, 1) if array.ndim == 4 else array
+
+
+def _divides(size: int, num_heads: int | None) -> bool:
+    return num_heads is not None and num_heads > 0 and size % num_heads == 0
+
+
+def heads_in(array: np.ndarray, num_heads: int | None) -> np.ndarray:
+    """A query/key/value kernel (D, H*hd) -> (D, H, hd), or a bias (H*hd,) -> (H, hd).
+
+    Left as it is when `num_heads` is unknown or does not divide the width: the shape check
+    then reports the tensor.
+    """
+    if not _divides(array.shape[-1], num_heads):
+        return array
+    return array.reshape(*array.shape[:-1], num_heads, array.shape[-1] // num_heads)
+
+
+def heads_out(array: np.ndarray, num_heads: int | None) -> np.ndarray:
+    """The attention output kernel (H*hd, D) -> (H, hd, D), as `MultiHeadAttention` stores it."""
+    if array.ndim != 2 or not _divides(array.shape[0], num_heads):
+        return array
+    return array.reshape(num_heads, array.shape[0] // num_heads, array.shape[1])
+
+
+def heads_merged(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """(D, H, hd) -> (D, H*hd), (H, hd) -> (H*hd,): the inverse of `heads_in`."""
+    return array.reshape(*array.shape[:-2], -1) if array.ndim >= 2 else array
+
+
+def heads_out_merged(array: np.ndarray, num_heads: int | None = None) -> np.ndarray:
+    """(H, hd, D) -> (H*hd, D): the inverse of `heads_out`."""
+    return array.reshape(-1, array.shape[-1]) if array.ndim == 3 else array
+
+
+# transform -> the transform that undoes it (Keras layout -> checkpoint layout), for the writers.
+_INVERSES: dict[Transform, Transform] = {
+    keep: keep,
+    linear_kernel: linear_kernel,
+    conv_kernel: conv_kernel_out,
+    heads_in: heads_merged,
+    heads_out: heads_out_merged,
+}
+
+
+def compose(*transforms: Transform) -> Transform:
+    """Apply `transforms` left to right."""
+
+    def composed(array: np.ndarray, num_heads: int | None) -> np.ndarray:
+        for transform in transforms:
+            array = transform(array, num_heads)
+        return array
+
+    inverses = [_INVERSES.get(transform) for transform in reversed(transforms)]
+    if all(inverses):
+        _INVERSES[composed] = compose(*inverses)
+    return composed
+
+
+def fused_part(index: int, parts: int = 3) -> Transform:
+    """Part `index` of `parts` equal slices along axis 0 (timm's fused qkv weight and bias)."""
+
+    def part(array: np.ndarray, num_heads: int | None) -> np.ndarray:
+        size = array.shape[0] // parts
+        return array[index * size : (index + 1) * size]
+
+    _INVERSES[part] = keep  # `invert_name_maps` concatenates the parts of a fused key
+    return part
+
+
+def adapt_input_conv(kernel: np.ndarray, channels: int) -> np.ndarray:
+    """A patch kernel (P, P, C, D) for `channels` inputs, as timm's `adapt_input_conv`.
+
+    One channel: the sum over the checkpoint's channels. Otherwise the channels are repeated
+    cyclically up to `channels` and scaled by C / `channels`, which keeps the response to a
+    grey image. Computed in float32.
+    """
+    kernel = np.asarray(kernel, dtype=np.float32)
+    stored = kernel.shape[2]
+    if channels == stored:
+        return kernel
+    if channels == 1:
+        return kernel.sum(axis=2, keepdims=True)
+    repeats = -(-channels // stored)
+    return np.tile(kernel, (1, 1, repeats, 1))[:, :, :channels] * (stored / channels)
+
+
+# ---- the name-map driver ----------------------------------------------------------------------
+
+
+def rules(*pairs: tuple[str, Transform]) -> Rules:
+    """The targets one checkpoint key fills: `(target suffix, transform)` pairs."""
+    return tuple(pairs)
+
+
+def apply_name_maps(
+    state: Mapping[str, np.ndarray],
+    *,
+    top: Mapping[str, Rules],
+    block_pattern: re.Pattern,
+    block: Mapping[str, Rules],
+    num_heads: int | None,
+    ignore: Callable[[str], bool] = lambda key: False,
+) -> Conversion:
+    """Convert every key of `state` with the top-level or per-block name map.
+
+    `block_pattern` matches a block key with two groups: the block index and the key inside the
+    block. Keys for which `ignore` is true are dropped; keys no map knows go to `unused`. Two
+    keys filling the same target raise `CheckpointError`.
+    """
+    conversion = Conversion()
+    for key, array in state.items():
+        if ignore(key):
+            continue
+        match = block_pattern.fullmatch(key)
+        if match:
+            targets = block.get(match.group(2))
+            prefix = BLOCK.format(index=int(match.group(1)), suffix="")
+        else:
+            targets = top.get(key)
+            prefix = ""
+        if targets is None:
+            conversion.unused.append(key)
+            continue
+        array = np.asarray(array)
+        for suffix, transform in targets:
+            name = prefix + suffix
+            if name in conversion.tensors:
+                raise CheckpointError(
+                    f"Checkpoint keys {conversion.tensors[name].source!r} and {key!r} both fill {name!r}: "
+                    "the checkpoint mixes two layouts; keep one."
+                )
+            conversion.tensors[name] = CanonicalTensor(transform(array, num_heads), key, array.shape)
+    return conversion
+
+
+def invert_name_maps(
+    tensors: Mapping[str, np.ndarray],
+    *,
+    top: Mapping[str, Rules],
+    block_key: str,
+    block: Mapping[str, Rules],
+) -> tuple[dict[str, np.ndarray], set[str]]:
+    """The name maps run backwards: checkpoint arrays from canonical tensors (Keras layout).
+
+    `block_key` is the checkpoint name of a block key, e.g. `"blocks.{index}.{key}"`. Each
+    target is written under the first key that fills it in map order, so a format's aliases
+    (transformers-5 names, big_vision names) are not written. A key filling several targets
+    (timm's fused qkv) gets its parts, undone, concatenated along axis 0. Keys whose targets
+    are not all in `tensors` are left out. Returns the arrays and the canonical names they hold.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    used: set[str] = set()
+
+    def add(key: str, targets: Rules, prefix: str) -> None:
+        names = [prefix + suffix for suffix, _ in targets]
+        inverses = [_INVERSES.get(transform) for _, transform in targets]
+        if not all(inverses) or any(name in used or name not in tensors for name in names):
+            return
+        parts = [
+            inverse(np.asarray(tensors[name]), None) for name, inverse in zip(names, inverses, strict=True)
+        ]
+        arrays[key] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        used.update(names)
+
+    for key, targets in top.items():
+        add(key, targets, "")
+    for index in range(block_count(tensors)):
+        for key, targets in block.items():
+            add(block_key.format(index=index, key=key), targets, BLOCK.format(index=index, suffix=""))
+    return arrays, used

@@ -1,0 +1,600 @@
+"""Recognise a checkpoint's format, describe its architecture, and load it into a keras_vit model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import keras
+import numpy as np
+
+from keras_vit.checkpoints import common, convert_google_npz, convert_hf, convert_timm, resnet_stem
+from keras_vit.checkpoints.common import CanonicalTensor, Conversion
+from keras_vit.checkpoints.errors import CheckpointError
+from keras_vit.checkpoints.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
+from keras_vit.checkpoints.reading import as_weight, read_checkpoint, resolve_checkpoint_file
+from keras_vit.registry.variants import NUMERICS, WIDTHS, ViTConfig, config_of, image_hw, variant_for
+
+__all__ = [
+    "DEFAULT_POS_EMBED_INTERPOLATION",
+    "FORMATS",
+    "CheckpointInfo",
+    "detect_format",
+    "inspect_checkpoint",
+    "load_checkpoint",
+    "read_hf_config",
+    "source_numerics",
+]
+
+FORMATS: dict[str, ModuleType] = {
+    "google_npz": convert_google_npz,
+    "timm": convert_timm,
+    "hf": convert_hf,
+}
+_FORMAT_KEYS = {
+    "google_npz": "Google .npz ('embedding/kernel', 'Transformer/encoderblock_0/...', optionally under "
+    "'opt/target/', 'params/' or 'params/img/')",
+    "timm": "timm ('patch_embed.proj.weight', 'cls_token', 'pos_embed', 'blocks.0.attn.qkv.weight', ...)",
+    "hf": "Hugging Face transformers ('[vit.]embeddings.patch_embeddings.projection.weight', "
+    "'[vit.]encoder.layer.0...')",
+}
+# Each format's position-embedding resampling (`keras_vit.checkpoints.pos_embed.POS_EMBED_INTERPOLATIONS`):
+# the original code's scipy zoom for its own files, timm's bicubic for timm and transformers files.
+DEFAULT_POS_EMBED_INTERPOLATION = {"google_npz": "jax", "timm": "timm", "hf": "timm"}
+# transformers `hidden_act` -> whether it is the tanh approximation of GELU (False: exact erf)
+_HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_fast": True}
+_HEAD_DIM = 64  # ViT's head width, for checkpoints of a width keras_vit.registry.variants does not list
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """The architecture a checkpoint was trained with: what a model needs to fit it.
+
+    `grid` is the patch grid of its position embedding, `num_classes` its head's classes
+    (`None`: no head), `representation_size` its pre-logits width (`None`: none), `variant`
+    the matching name in `keras_vit.registry.variants.VARIANTS` (`None` if no variant matches),
+    `resnet_stages` the units per stage of a hybrid's ResNet stem (`None`: a plain ViT).
+    `patch_size` is in pixels of the Transformer's input: the ResNet feature map for hybrids.
+    `class_token`, `pooling` and `fc_norm` are its token layout, as `ViTConfig` has them:
+    `pooling` is `"map"` for an attention-pooling head, `"gap"` without a [class] token
+    (big_vision `pool_type="gap"`, timm `class_token=False`) or with timm's LayerNorm after the
+    average pooling (`fc_norm`), else `"token"`. `numerics` is the computation
+    of the checkpoint's source (`keras_vit.registry.variants.NUMERICS`: `"jax"` for Google `.npz`,
+    `"timm"`, `"hf"` from transformers' `config.json`), `pos_embed_interpolation` its
+    position-embedding resampling (`DEFAULT_POS_EMBED_INTERPOLATION`): what
+    `create_model(..., pretrained=...)` builds and loads with unless told otherwise.
+    """
+
+    format: str
+    hidden_size: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+    patch_size: int
+    grid: tuple[int, int]
+    channels: int
+    num_classes: int | None
+    representation_size: int | None
+    variant: str | None
+    resnet_stages: tuple[int, ...] | None = None
+    class_token: bool = True
+    pooling: str = "token"
+    fc_norm: bool = False
+    numerics: str = "timm"
+
+    @property
+    def pos_embed_interpolation(self) -> str:
+        """How a model built for another resolution resamples the position embedding by default."""
+        return DEFAULT_POS_EMBED_INTERPOLATION[self.format]
+
+    @property
+    def layout(self) -> dict[str, bool | str]:
+        """`{"class_token", "pooling", "fc_norm"}`: the factory arguments of a model that fits."""
+        return {"class_token": self.class_token, "pooling": self.pooling, "fc_norm": self.fc_norm}
+
+    @property
+    def layout_arguments(self) -> str:
+        """The layout as factory arguments, e.g. `class_token=False, pooling="gap"`."""
+        return _layout_arguments(self.layout)
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """A checkpoint read, recognised and normalised, before its conversion for a given head count."""
+
+    format: str
+    flat: dict[str, np.ndarray]
+    stored_heads: int | None  # from the weights' shapes or config.json; None if not recorded
+    stored_grid: tuple[int, int] | None  # from config.json; None if not recorded
+    label: str
+    stem: dict[str, np.ndarray]  # a hybrid's ResNet stem weights, by checkpoint key; empty if plain
+    resnet_stages: tuple[int, ...] | None
+    numerics: str  # the source's (`source_numerics`)
+
+    @property
+    def module(self) -> ModuleType:
+        return FORMATS[self.format]
+
+
+def detect_format(state: Mapping[str, object]) -> str:
+    """`"google_npz"`, `"timm"` or `"hf"`, recognised from the checkpoint's keys."""
+    keys = set(state)
+    found = [name for name, module in FORMATS.items() if module.matches(keys)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise CheckpointError(
+            f"The checkpoint's keys match several formats {found}: pass format=one of them."
+        )
+    expected = "; ".join(_FORMAT_KEYS.values())
+    raise CheckpointError(
+        f"Unrecognised checkpoint layout: expected a ViT checkpoint in one of these formats: {expected}. "
+        f"Found {len(keys)} keys, e.g. {sorted(keys)[:10]}."
+    )
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+    """The transformers `config.json` next to a checkpoint file (or in its directory), or `{}`."""
+    path = Path(path)
+    config_path = (path if path.is_dir() else path.parent) / "config.json"
+    if not config_path.is_file():
+        return {}
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"Cannot read {config_path} ({error}): fix or delete it.") from None
+
+
+def _config_grid(config: dict) -> tuple[int, int] | None:
+    image, patch = config.get("image_size"), config.get("patch_size")
+    if image is None or not isinstance(patch, int):
+        return None
+    height, width = image_hw(image)
+    return height // patch, width // patch
+
+
+def source_numerics(format: str, hf_config: Mapping | None = None) -> str:
+    """The `ViTConfig.numerics` of a checkpoint format's own code: `"jax"` for Google `.npz`, `"timm"`,
+    and for transformers the preset with its `config.json`'s `hidden_act` and `layer_norm_eps`.
+
+    transformers files all have exact GELU and eps 1e-12 (`"hf"`); another eps takes the preset
+    with the same GELU and the nearest eps, with a warning; a `hidden_act` other than GELU
+    (exact or tanh) is a `CheckpointError`.
+    """
+    if format != "hf":
+        return {"google_npz": "jax"}.get(format, "timm")
+    hf_config = hf_config or {}
+    activation = hf_config.get("hidden_act", "gelu")
+    if activation not in _HF_GELU:
+        raise CheckpointError(
+            f"The transformers config has hidden_act={activation!r}: keras_vit ViTs compute GELU, exact or "
+            f"tanh-approximated ({sorted(_HF_GELU)})."
+        )
+    epsilon = float(hf_config.get("layer_norm_eps", NUMERICS["hf"].layer_norm_epsilon))
+    approximate = _HF_GELU[activation]
+    candidates = [name for name in ("hf", "timm", "jax") if NUMERICS[name].approximate_gelu == approximate]
+    name = min(candidates, key=lambda name: abs(math.log10(NUMERICS[name].layer_norm_epsilon / epsilon)))
+    if NUMERICS[name].layer_norm_epsilon != epsilon:
+        warnings.warn(
+            f"The transformers config has layer_norm_eps={epsilon:g}, which no keras_vit numerics has: "
+            f"using numerics={name!r} (LayerNorm eps {NUMERICS[name].layer_norm_epsilon:g}).",
+            stacklevel=3,
+        )
+    return name
+
+
+def _read(source, format: str | None, hf_config: Mapping | None = None) -> _Checkpoint:
+    path = None if isinstance(source, Mapping) else resolve_checkpoint_file(source)
+    if path is None:
+        state, label = {str(key): np.asarray(value) for key, value in source.items()}, "state dict"
+    else:
+        state, label = read_checkpoint(path), str(path)
+    if format is None:
+        format = detect_format(state)
+    elif format not in FORMATS:
+        raise CheckpointError(f"Unknown checkpoint format {format!r}: use one of {sorted(FORMATS)}.")
+    config = {}
+    if format == "hf":
+        config = read_hf_config(path) if hf_config is None and path is not None else dict(hf_config or {})
+    module = FORMATS[format]
+    flat = module.normalise(state)
+    stem = {key: flat.pop(key) for key in [key for key in flat if module.is_stem_key(key)]}
+    if stem and format not in resnet_stem.FORMATS:
+        raise CheckpointError(
+            f"The {format} checkpoint {label} has ResNet stem keys such as {sorted(stem)[:3]}: hybrid "
+            f"ResNet+ViT checkpoints load from the {resnet_stem.FORMATS} formats only."
+        )
+    stages = resnet_stem.resnet_stages(stem, format) if stem else None
+    stored_heads = module.num_heads(flat) or config.get("num_attention_heads")
+    numerics = source_numerics(format, config)
+    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label, stem, stages, numerics)
+
+
+def _default_heads(hidden_size: int) -> int:
+    """The head count of keras_vit's variant of this width, else hidden_size / 64."""
+    for width, _depth, heads, _mlp in WIDTHS.values():
+        if width == hidden_size:
+            return heads
+    if hidden_size % _HEAD_DIM:
+        raise CheckpointError(
+            f"Cannot tell the number of attention heads of a checkpoint of width {hidden_size}: no keras_vit "
+            f"variant has that width and it is not a multiple of {_HEAD_DIM}."
+        )
+    return hidden_size // _HEAD_DIM
+
+
+def _grid(tokens: int, stored: tuple[int, int] | None) -> tuple[int, int]:
+    """The patch grid of `tokens` patch positions: as recorded, else the square one."""
+    if stored is not None and stored[0] * stored[1] == tokens:
+        return stored
+    side = math.isqrt(tokens)
+    if side * side != tokens:
+        raise CheckpointError(
+            f"Cannot infer the patch grid of a position embedding with {tokens} patch positions (not a "
+            "square): build the model for the checkpoint's own resolution so that no resizing is needed."
+        )
+    return side, side
+
+
+def _layout(conversion: Conversion) -> dict[str, bool | str]:
+    """The token layout of converted tensors: [class] token, pooling, LayerNorm after the pooling."""
+    tensors = conversion.tensors
+    class_token = common.CLASS_TOKEN in tensors
+    norm = tensors.get(common.ENCODER_NORM_SCALE)
+    fc_norm = norm is not None and norm.source in convert_timm.FC_NORM_KEYS
+    if f"{common.POOL}probe" in tensors:
+        pooling = "map"
+    else:  # timm's fc_norm follows average pooling, with or without a [class] token
+        pooling = "token" if class_token and not fc_norm else "gap"
+    return {"class_token": class_token, "pooling": pooling, "fc_norm": fc_norm}
+
+
+def _layout_arguments(layout: Mapping[str, bool | str]) -> str:
+    arguments = f'class_token={layout["class_token"]}, pooling="{layout["pooling"]}"'
+    return arguments + (", fc_norm=True" if layout["fc_norm"] else "")
+
+
+def _describe_layout(layout: Mapping[str, bool | str]) -> str:
+    token = "a [class] token" if layout["class_token"] else "no [class] token"
+    after = " followed by the final LayerNorm (timm fc_norm)" if layout["fc_norm"] else ""
+    pooling = {
+        "token": "the [class] token read out",
+        "gap": f"global average pooling{after}",
+        "map": "multihead attention pooling (MAP head)",
+        None: "no pooling (the token sequence is the output)",
+    }[layout["pooling"]]
+    return f"{token}, {pooling}"
+
+
+def _check_layout(model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion) -> None:
+    """A `CheckpointError` naming the layout found and the factory arguments that fit, if the model's differs.
+
+    The [class] token, an attention-pooling head and the LayerNorm's place must agree; a
+    [class]-token checkpoint may load into a model that pools by the patch mean (`"gap"`) or
+    returns tokens (`None`), and a class-token-free one into a token-sequence model.
+    """
+    found, config = _layout(conversion), model.config
+    fits = (
+        found["class_token"] == config.class_token
+        and (found["pooling"] == "map") == (config.pooling == "map")
+        and found["fc_norm"] == config.fc_norm
+    )
+    if fits:
+        return
+    model_layout = {"class_token": config.class_token, "pooling": config.pooling, "fc_norm": config.fc_norm}
+    arguments = _layout_arguments(found)
+    raise CheckpointError(
+        f"The {checkpoint.format} checkpoint {checkpoint.label} has {_describe_layout(found)}; model "
+        f"{model.name!r} has {_describe_layout(model_layout)}. Build the model with {arguments} "
+        f"(e.g. keras_vit.create_model(<variant>, {arguments})), or pass the file as pretrained= to a "
+        "factory without them: it then takes the checkpoint's layout."
+    )
+
+
+def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
+    tensors = conversion.tensors
+    needed = (common.PATCH_KERNEL, common.POS_EMBED, "block_0/fc1/kernel")
+    missing = [name for name in needed if name not in tensors]
+    if missing:
+        raise CheckpointError(
+            f"The {checkpoint.format} checkpoint {checkpoint.label} is incomplete: nothing fills {missing}."
+        )
+    kernel = tensors[common.PATCH_KERNEL].value
+    pos_embed = tensors[common.POS_EMBED].value
+    if kernel.ndim != 4 or pos_embed.ndim != 3:
+        raise CheckpointError(
+            f"Unexpected patch kernel {kernel.shape} / position embedding {pos_embed.shape} in "
+            f"{checkpoint.label}: expected (P, P, C, D) and (1, tokens, D)."
+        )
+    hidden_size = int(kernel.shape[3])
+    depth = common.block_count(tensors)
+    num_heads = int(checkpoint.stored_heads or _default_heads(hidden_size))
+    mlp_dim = int(tensors["block_0/fc1/kernel"].value.shape[-1])
+    patch_size = int(kernel.shape[0])
+    head = tensors.get(common.HEAD_KERNEL)
+    pre_logits = tensors.get(common.PRE_LOGITS_KERNEL)
+    layout = _layout(conversion)
+    info = CheckpointInfo(
+        format=checkpoint.format,
+        hidden_size=hidden_size,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        patch_size=patch_size,
+        grid=_grid(pos_embed.shape[1] - int(layout["class_token"]), checkpoint.stored_grid),
+        channels=int(kernel.shape[2]),
+        num_classes=None if head is None else int(head.value.shape[-1]),
+        representation_size=None if pre_logits is None else int(pre_logits.value.shape[-1]),
+        variant=None,
+        resnet_stages=checkpoint.resnet_stages,
+        **layout,
+        numerics=checkpoint.numerics,
+    )
+    return dataclasses.replace(info, variant=variant_for(info))
+
+
+def inspect_checkpoint(
+    state_or_path: Mapping[str, np.ndarray] | str | os.PathLike,
+    *,
+    format: str | None = None,
+    hf_config: Mapping | None = None,
+) -> CheckpointInfo:
+    """The architecture of a checkpoint (a path, or a state dict from `read_checkpoint`).
+
+    Head counts come from the weights where the format stores them per head (Google .npz),
+    from `config.json` next to a transformers file (or `hf_config`, its contents, for a state
+    dict), and otherwise from the keras_vit variant of the same width (hidden_size / 64 for
+    other widths).
+    """
+    checkpoint = _read(state_or_path, format, hf_config)
+    heads = checkpoint.stored_heads
+    if heads is None:
+        patch = checkpoint.module.convert(checkpoint.flat, None).tensors.get(common.PATCH_KERNEL)
+        heads = _default_heads(int(patch.value.shape[-1])) if patch is not None else None
+    return _info(checkpoint, checkpoint.module.convert(checkpoint.flat, heads))
+
+
+def _source_grid(pos_embed: np.ndarray, checkpoint: _Checkpoint, layer) -> tuple[int, int]:
+    """The checkpoint's patch grid; an unrecorded non-square one is the model's if the counts agree."""
+    tokens = pos_embed.shape[1] - layer.num_prefix_tokens
+    try:
+        return _grid(tokens, checkpoint.stored_grid)
+    except CheckpointError:
+        if tokens == layer.grid_size[0] * layer.grid_size[1]:
+            return tuple(layer.grid_size)
+        raise
+
+
+def _model_targets(model: keras.Model) -> dict[str, keras.Variable]:
+    """Every Transformer weight of `model` by its path relative to the model (`block_0/fc1/kernel`).
+
+    A hybrid's ResNet stem (`model.stem`) is left out: `resnet_stem.stem_weights` maps it.
+    """
+    stem = {id(layer) for layer in model.stem.values()}
+    return {
+        layer.name + variable.path[len(layer.path) :]: variable
+        for layer in model.layers
+        if id(layer) not in stem
+        for variable in layer.weights
+    }
+
+
+def _stem_assignments(model: keras.Model, checkpoint: _Checkpoint) -> list[tuple[keras.Variable, np.ndarray]]:
+    """The (variable, value) pairs of a hybrid's ResNet stem; an error if only one side is hybrid."""
+    model_is_hybrid = model.config.is_hybrid
+    if not checkpoint.stem and not model_is_hybrid:
+        return []
+    if not checkpoint.stem:
+        raise CheckpointError(
+            f"Model {model.name!r} is a hybrid ResNet+ViT but the {checkpoint.format} checkpoint "
+            f"{checkpoint.label} is a plain ViT (no ResNet stem weights): build the plain variant."
+        )
+    if not model_is_hybrid:
+        raise CheckpointError(
+            f"The {checkpoint.format} checkpoint {checkpoint.label} is a hybrid ResNet+ViT (ResNet stages "
+            f"{checkpoint.resnet_stages}, keys such as {sorted(checkpoint.stem)[:2]}) but model "
+            f"{model.name!r} is a plain ViT: build the hybrid (e.g. keras_vit.vit_r50_b16)."
+        )
+    return resnet_stem.stem_weights(checkpoint.stem, checkpoint.format, model)
+
+
+def _model_summary(config: ViTConfig) -> str:
+    return (
+        f"hidden_size {config.hidden_size}, depth {config.depth}, num_heads {config.num_heads}, "
+        f"mlp_dim {config.mlp_dim}, patch_size {config.patch_size}"
+    )
+
+
+def _checkpoint_summary(checkpoint: _Checkpoint, conversion: Conversion) -> str:
+    try:
+        info = _info(checkpoint, conversion)
+    except CheckpointError:
+        return "architecture not recognised"
+    variant = f" = {info.variant}" if info.variant else ""
+    return (
+        f"hidden_size {info.hidden_size}, depth {info.depth}, num_heads {info.num_heads}, "
+        f"mlp_dim {info.mlp_dim}, patch_size {info.patch_size}{variant}"
+    )
+
+
+def _skipped_parts(model: keras.Model, tensors: dict[str, CanonicalTensor]) -> tuple[bool, bool, list[str]]:
+    """Whether the head and the pre-logits layer stay out of the load, and the warnings that say so."""
+    notes = []
+    head = model.head
+    checkpoint_head = tensors.get(common.HEAD_KERNEL) or tensors.get(common.HEAD_BIAS)
+    skip_head = head is None or checkpoint_head is None or checkpoint_head.value.shape[-1] != head.units
+    if head is not None and checkpoint_head is None:
+        notes.append("The checkpoint has no classification head: the model's head keeps its initial weights.")
+    elif skip_head and head is not None:
+        notes.append(
+            f"The checkpoint's head has {checkpoint_head.value.shape[-1]} classes and the model's "
+            f"{head.units}: the head is not loaded and keeps its zero initialisation (paper §3.2), "
+            "to be fine-tuned."
+        )
+    skip_pre_logits = model.pre_logits is None
+    if skip_pre_logits and common.PRE_LOGITS_KERNEL in tensors:
+        width = tensors[common.PRE_LOGITS_KERNEL].value.shape[-1]
+        notes.append(
+            f"The checkpoint's pre-logits layer ({width} wide) is skipped: the model has none; build it "
+            f"with representation_size={width} to use it."
+        )
+    return skip_head, skip_pre_logits, notes
+
+
+def _describe(tensor: CanonicalTensor) -> str:
+    return f"{tensor.source} {tensor.source_shape}"
+
+
+def load_checkpoint(
+    model: keras.Model,
+    source: Mapping[str, np.ndarray] | str | os.PathLike,
+    *,
+    format: str | None = None,
+    pos_embed_interpolation: str | None = None,
+) -> None:
+    """Copy a checkpoint's weights into a keras_vit `model`, every tensor by name, shapes checked.
+
+    `source` is a checkpoint path (file, or a directory with `model.safetensors` /
+    `pytorch_model.bin`) or a state dict; `format` (`"google_npz"`, `"timm"`, `"hf"`) is
+    detected from the keys when not given. Rules, as timm applies them:
+
+    - a position embedding for another patch grid is resampled to the model's with
+      `pos_embed_interpolation` (`keras_vit.checkpoints.pos_embed.POS_EMBED_INTERPOLATIONS`), by default
+      the source's own (`DEFAULT_POS_EMBED_INTERPOLATION`): for a Google `.npz` the original
+      code's `scipy.ndimage.zoom(order=1)` (`"jax"`), else timm's antialiased bicubic
+      (`"timm"`, its `checkpoint_filter_fn`);
+    - a head with another class count, or none in the checkpoint, is not loaded: the model's
+      head keeps its zero initialisation (paper §3.2), with a warning; a model without `head`
+      (`include_top=False`) simply skips it;
+    - a checkpoint's pre-logits layer (Google `pre_logits`, transformers `pooler`) loads into
+      the model's `pre_logits` (`representation_size`), or is skipped with a warning;
+    - for a model with other input `channels`, the patch kernel is adapted as timm's
+      `adapt_input_conv` does (summed for 1 channel, else repeated and rescaled);
+    - the token layout (`CheckpointInfo.layout`: a [class] token or none, an attention-pooling
+      head, timm's `fc_norm`) must be the model's; a `CheckpointError` names the layout found
+      and the factory arguments that fit (e.g. `class_token=False, pooling="gap"`). A
+      [class]-token checkpoint also loads into a `pooling="gap"` or `None` model.
+
+    Everything else must match exactly: checkpoint keys that fill no weight, model weights that
+    get no value, and shape mismatches all raise one `CheckpointError` that lists them, as do
+    tensors that are not floating point (integer, bool, string: refused, not cast) or hold
+    NaN/Inf. Every value is read, checked and converted before any weight is changed: a failed
+    load leaves the model as it was. The numerics (GELU form, epsilons: `ViTConfig.numerics`)
+    are the model's: `create_model(..., pretrained=...)` builds the model with the checkpoint
+    source's (`CheckpointInfo.numerics`).
+    """
+    try:
+        model_heads = config_of(model).num_heads
+    except ValueError as error:
+        raise CheckpointError(f"Checkpoints load into keras_vit models only. {error}") from None
+    checkpoint = _read(source, format)
+    interpolation = pos_embed_interpolation or DEFAULT_POS_EMBED_INTERPOLATION[checkpoint.format]
+    if interpolation not in POS_EMBED_INTERPOLATIONS:
+        raise ValueError(
+            f"Unknown pos_embed_interpolation {interpolation!r}: use one of "
+            f"{sorted(POS_EMBED_INTERPOLATIONS)}."
+        )
+    conversion = checkpoint.module.convert(checkpoint.flat, model_heads)
+    _check_layout(model, checkpoint, conversion)
+    tensors = conversion.tensors
+    targets = _model_targets(model)
+    skip_head, skip_pre_logits, notes = _skipped_parts(model, tensors)
+
+    assignments = _stem_assignments(model, checkpoint)
+    resized_pos_embed: tuple[np.ndarray, tuple[int, int]] | None = None
+    mismatched, unused, problems = [], [_describe_key(key, checkpoint.flat) for key in conversion.unused], []
+    bad = []  # tensors that cannot be weights: not floating point, NaN/Inf
+    for name, tensor in tensors.items():
+        if (name.startswith("head/") and skip_head) or (name.startswith("pre_logits/") and skip_pre_logits):
+            continue
+        variable = targets.get(name)
+        if variable is None:
+            unused.append(_describe(tensor))
+            continue
+        try:
+            value = as_weight(tensor.source, tensor.value, variable.dtype)
+        except CheckpointError as error:
+            bad.append(str(error))
+            continue
+        expected = tuple(variable.shape)
+        if (
+            name == common.POS_EMBED
+            and value.ndim == 3
+            and value.shape[0] == 1
+            and value.shape[2] == expected[2]
+        ):
+            try:
+                source_grid = _source_grid(value, checkpoint, model.pos_embed)
+            except CheckpointError as error:
+                problems.append(str(error))
+                continue
+            if source_grid != tuple(model.pos_embed.grid_size):
+                resized_pos_embed = value, source_grid
+                continue
+        if name == common.PATCH_KERNEL and value.ndim == 4 and len(expected) == 4:
+            if value.shape[:2] + value.shape[3:] == expected[:2] + expected[3:]:
+                value = common.adapt_input_conv(value, expected[2])
+        if tuple(value.shape) != expected:
+            mismatched.append(f"{_describe(tensor)} -> {name} {expected}")
+        else:
+            assignments.append((variable, value))
+    missing = [
+        f"{name} {tuple(variable.shape)}"
+        for name, variable in targets.items()
+        if name not in tensors and not (name.startswith("head/") and skip_head)
+    ]
+    if checkpoint.stored_heads is not None and checkpoint.stored_heads != model_heads:
+        problems.append(
+            f"The checkpoint has {checkpoint.stored_heads} attention heads, the model {model_heads}."
+        )
+
+    if bad:
+        raise CheckpointError(
+            f"The {checkpoint.format} checkpoint {checkpoint.label} has {len(bad)} tensor(s) that cannot be "
+            "loaded (no weight of the model was changed):\n" + "\n".join(f"  {line}" for line in bad)
+        )
+    if mismatched or unused or missing or problems:
+        sections = [
+            f"The {checkpoint.format} checkpoint {checkpoint.label} "
+            f"({_checkpoint_summary(checkpoint, conversion)}) does not fit model {model.name!r} "
+            f"({_model_summary(model.config)}):"
+        ]
+        for title, lines in (
+            ("shapes differ (checkpoint key and shape -> model weight and shape)", mismatched),
+            ("checkpoint keys that fill no model weight", unused),
+            ("model weights the checkpoint does not fill", missing),
+            ("other problems", problems),
+        ):
+            if lines:
+                sections.append(f"  {len(lines)} {title}:\n" + "\n".join(f"    {line}" for line in lines))
+        sections.append(
+            "Build the model the checkpoint was trained for (keras_vit.inspect_checkpoint(...) describes it)."
+        )
+        raise CheckpointError("\n".join(sections))
+
+    if resized_pos_embed is not None:  # resampled before any weight changes, as every other value
+        value, old_grid = resized_pos_embed
+        layer = model.pos_embed
+        resized = resize_pos_embed(
+            value,
+            layer.grid_size,
+            layer.num_prefix_tokens,
+            old_grid=old_grid,
+            **POS_EMBED_INTERPOLATIONS[interpolation],
+        )
+        assignments.append((layer.embedding, resized.reshape(layer.embedding.shape)))
+    for variable, value in assignments:  # every value checked and converted: nothing can fail half-way
+        variable.assign(value)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+
+
+def _describe_key(key: str, flat: Mapping[str, np.ndarray]) -> str:
+    return f"{key} {tuple(np.shape(flat[key]))}"

@@ -1,0 +1,94 @@
+"""What the checkpoint writers (`write_timm`, `write_hf`, `write_google_npz`) share.
+
+A writer is the inverse of a reader: the model's weights by canonical name
+(`canonical_weights`, the names `load_checkpoint` fills), the reader's name maps run backwards
+(`common.invert_name_maps`), and a hybrid's ResNet stem through `resnet_stem.stem_name_map`.
+`check_writable` refuses what no format holds (a quantized model, an object that is not a
+keras_vit ViT); each writer's `check` then refuses what its own format cannot express, with a
+`NotExpressibleError` that names the part, before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import keras
+import numpy as np
+
+from keras_vit.checkpoints import common, resnet_stem
+from keras_vit.checkpoints.loading import _model_targets
+from keras_vit.registry.variants import NUMERICS, Numerics, ViTConfig, config_of
+
+
+class NotExpressibleError(ValueError):
+    """The model has a part or a numerical choice that the target checkpoint format cannot express."""
+
+
+def check_writable(model: keras.Model, format_name: str) -> ViTConfig:
+    """The model's config; an error for a non-keras_vit model or a quantized one."""
+    config = config_of(model)
+    quantized = model.quantization() if hasattr(model, "quantization") else {}
+    if quantized:
+        raise NotExpressibleError(
+            f"Model {model.name!r} is quantized ({len(quantized)} layers, e.g. {next(iter(quantized))!r}): "
+            f"the {format_name} format holds float weights. Write the float model before quantizing it."
+        )
+    return config
+
+
+def refuse_inexpressible(model: keras.Model, format_label: str, problems: list[str]) -> None:
+    """One `NotExpressibleError` listing every part of `model` the format cannot express, if any."""
+    if problems:
+        raise NotExpressibleError(
+            f"The {format_label} format cannot express model {model.name!r}: " + "; ".join(problems) + "."
+        )
+
+
+def numerics(config: ViTConfig) -> Numerics:
+    """The GELU form and epsilons the model computes with (`keras_vit.registry.variants.NUMERICS`)."""
+    return NUMERICS[config.numerics]
+
+
+def canonical_weights(model: keras.Model) -> dict[str, np.ndarray]:
+    """The model's Transformer weights (no ResNet stem) as float32 arrays, by canonical name."""
+    return {
+        name: np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float32)
+        for name, variable in _model_targets(model).items()
+    }
+
+
+def transformer_state(
+    model: keras.Model,
+    format_name: str,
+    *,
+    top: Mapping[str, common.Rules],
+    block_key: str,
+    block: Mapping[str, common.Rules],
+) -> dict[str, np.ndarray]:
+    """The checkpoint arrays of the model's Transformer, by the format's name maps run backwards.
+
+    Every model weight must find a key: one that none does is a `NotExpressibleError`.
+    """
+    weights = canonical_weights(model)
+    arrays, used = common.invert_name_maps(weights, top=top, block_key=block_key, block=block)
+    left = sorted(set(weights) - used)
+    if left:
+        raise NotExpressibleError(
+            f"The {format_name} format has no place for {len(left)} weights of {model.name!r} "
+            f"(e.g. {left[:3]})."
+        )
+    return arrays
+
+
+def stem_state(model: keras.Model, fmt: str) -> dict[str, np.ndarray]:
+    """A hybrid's ResNet stem arrays under `fmt`'s keys (`resnet_stem.stem_name_map`); OIHW for timm."""
+    arrays = {}
+    for key, variable in resnet_stem.stem_name_map(model, fmt).items():
+        value = np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float32)
+        arrays[key] = common.conv_kernel_out(value) if fmt == "timm" else value
+    return arrays
+
+
+def contiguous(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """float32, C-contiguous copies (what safetensors and `np.savez` write)."""
+    return {key: np.ascontiguousarray(value, dtype=np.float32) for key, value in arrays.items()}
