@@ -28,6 +28,7 @@ from timm.models.vision_transformer import VisionTransformer
 import keras_vit
 from keras_vit import cli
 from keras_vit.checkpoints import CheckpointError, load_checkpoint, read_checkpoint
+from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
 from keras_vit.data import pyinput
 from keras_vit.data import tfdata as data
@@ -40,6 +41,7 @@ from keras_vit.training import pretrain, runs
 from keras_vit.training.masked_patch import to_classifier
 from keras_vit.utils import validation
 
+NPZ_STEM = FORMATS["google_npz"].stem  # how each format names a hybrid's ResNet stem
 TINY = ViTConfig(
     "tiny_bad_input", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=32
 )
@@ -119,12 +121,11 @@ def test_atomic_load_reports_every_bad_tensor_and_resizes_nothing(tiny_state):
 def test_atomic_stem_weights_refuse_an_integer_tensor():
     model = build_vit(ViTConfig("small_hybrid", 1, 64, 1, 2, 128, resnet_stages=(2, 1)), image_size=64)
     state = {
-        key: np.ones(variable.shape, "float32")
-        for key, variable in stem_name_map(model, "google_npz").items()
+        key: np.ones(variable.shape, "float32") for key, variable in stem_name_map(model, NPZ_STEM).items()
     }
     state["block1/unit1/conv2/kernel"] = state["block1/unit1/conv2/kernel"].astype(np.int64)
     with pytest.raises(CheckpointError, match=r"block1/unit1/conv2/kernel holds integer values \(int64\)"):
-        stem_weights(state, "google_npz", model)
+        stem_weights(state, NPZ_STEM, model)
 
 
 def _peak_bytes(function) -> int:

@@ -11,11 +11,14 @@ from helpers import checkpoint_writers as writers
 
 import keras_vit
 from keras_vit.checkpoints.errors import CheckpointError
+from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
 from keras_vit.models.hybrid import STEM_NUMERICS, BottleneckUnit, StdConv2D, feature_map_size
 from keras_vit.models.vit import build_vit
 from keras_vit.registry.variants import ViTConfig, get_config
 
+NPZ_STEM = FORMATS["google_npz"].stem  # how each format names a hybrid's ResNet stem
+TIMM_STEM = FORMATS["timm"].stem
 HYBRIDS = ["vit_r50_b16", "vit_r50_l32", "vit_r26_b32", "vit_r26_s32", "vit_r_ti16"]
 # Exact counts at 224 px with the 1000-class head (paper configs as counted by timm).
 REFERENCE_PARAMS = {
@@ -358,7 +361,7 @@ def test_mixed_bfloat16_runs_the_stem_in_bfloat16():
 def test_google_npz_map_loads_what_the_timm_map_loads():
     _, state = _timm_reference("vit_r26_s32")
     model = keras_vit.vit_r26_s32(image_size=64)
-    from_timm = {variable.path: value for variable, value in stem_weights(state, "timm", model)}
+    from_timm = {variable.path: value for variable, value in stem_weights(state, TIMM_STEM, model)}
     npz = {}
     for key, value in state.items():
         if key.startswith("patch_embed.backbone."):
@@ -367,10 +370,9 @@ def test_google_npz_map_loads_what_the_timm_map_loads():
                 value  # (1,1,1,C) GroupNorm, as pre-0.3.6 Flax
             )
     from_npz = {
-        variable.path: value
-        for variable, value in stem_weights(npz, "google_npz", model, prefix="opt/target/")
+        variable.path: value for variable, value in stem_weights(npz, NPZ_STEM, model, prefix="opt/target/")
     }
-    assert len(from_npz) == len(from_timm) == len(stem_name_map(model, "timm")) == 3 + 8 * 9 + 4 * 3
+    assert len(from_npz) == len(from_timm) == len(stem_name_map(model, TIMM_STEM)) == 3 + 8 * 9 + 4 * 3
     assert from_npz.keys() == from_timm.keys()
     for path, value in from_timm.items():
         np.testing.assert_array_equal(from_npz[path], value)
@@ -378,19 +380,20 @@ def test_google_npz_map_loads_what_the_timm_map_loads():
 
 def test_stem_weights_errors_name_the_problem():
     model = build_vit(SMALL, image_size=64)
-    state = {key: np.zeros(variable.shape) for key, variable in stem_name_map(model, "google_npz").items()}
+    state = {key: np.zeros(variable.shape) for key, variable in stem_name_map(model, NPZ_STEM).items()}
     assert "block1/unit2/conv2/kernel" in state and "block1/unit2/conv_proj/kernel" not in state
     deeper = build_vit(dataclasses.replace(SMALL, resnet_stages=(2, 2)), image_size=64)
     with pytest.raises(CheckpointError, match=r"lacks 9 of the 45 ResNet stem weights.*block2/unit2/conv1"):
-        stem_weights(state, "google_npz", deeper)
-    deeper_state = {key: np.zeros(variable.shape) for key, variable in stem_name_map(deeper, "timm").items()}
+        stem_weights(state, NPZ_STEM, deeper)
+    deeper_state = {
+        key: np.zeros(variable.shape) for key, variable in stem_name_map(deeper, TIMM_STEM).items()
+    }
     deeper_state["patch_embed.proj.weight"] = np.zeros((64, 512, 1, 1))  # not a stem key: ignored
     with pytest.raises(CheckpointError, match=r"9 ResNet stem weights that .* lacks.*stages\.1\.blocks\.1"):
-        stem_weights(deeper_state, "timm", model)
+        stem_weights(deeper_state, TIMM_STEM, model)
     state["block1/unit1/conv2/kernel"] = np.zeros((3, 3, 64, 32))
     with pytest.raises(CheckpointError, match=r"1 shapes differ.*conv2/kernel: checkpoint \(3, 3, 64, 32\)"):
-        stem_weights(state, "google_npz", model)
+        stem_weights(state, NPZ_STEM, model)
     with pytest.raises(CheckpointError, match="no hybrid ResNet stem"):
-        stem_weights(state, "google_npz", keras_vit.vit_ti16(image_size=32))
-    with pytest.raises(ValueError, match="Unknown checkpoint format 'hf'"):
-        stem_name_map(model, "hf")
+        stem_weights(state, NPZ_STEM, keras_vit.vit_ti16(image_size=32))
+    assert FORMATS["hf"].stem is None  # transformers files hold no hybrids

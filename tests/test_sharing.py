@@ -20,8 +20,8 @@ from helpers import checkpoint_writers as writers
 from helpers import random_images
 
 import keras_vit
+from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.write_common import NotExpressibleError
-from keras_vit.deploy import sharing
 from keras_vit.registry.variants import ViTConfig
 
 TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
@@ -87,7 +87,7 @@ def test_plain_model_in_every_format(tiny, tmp_path):
     images = images_for(tiny)
     expected = keras_logits(tiny, images)
     written = {}
-    for format in sharing.FORMATS:
+    for format in FORMATS:
         written[format] = keras_vit.save_pretrained(tiny, tmp_path / format, format, labels=LABELS)
         assert_round_trip(tiny, written[format], images)
     np.testing.assert_allclose(timm_logits(written["timm"], images), expected, rtol=0, atol=1e-4)
@@ -215,7 +215,7 @@ def test_headless_model_with_pre_logits_is_a_vit_model_with_pooler(tmp_path):
 
 
 def test_bad_requests_write_nothing(tiny, tmp_path):
-    with pytest.raises(ValueError, match="Unknown format 'onnx'"):
+    with pytest.raises(ValueError, match="Unknown checkpoint format 'onnx'"):
         keras_vit.save_pretrained(tiny, tmp_path / "x", "onnx")
     with pytest.raises(ValueError, match="labels has 2 names but the model's head has 5 classes"):
         keras_vit.save_pretrained(tiny, tmp_path / "x", labels=["a", "b"])

@@ -6,9 +6,10 @@ model = keras_vit.create_model("vit_b16", image_size=384)
 keras_vit.load_checkpoint(model, "model.safetensors")   # format detected from the keys
 ```
 
-One module per source format (`convert_google_npz`, `convert_timm`, `convert_hf`) holds a name
-map from checkpoint keys to keras_vit weights plus a small transform per tensor, and one
-`write_<format>` module per target runs it backwards; `loading` applies the rules common to all
+One module per format (`format_google_npz`, `format_timm`, `format_hf`) declares the format once
+(`FORMAT`: its facts, a name map from checkpoint keys to keras_vit weights plus a small transform
+per tensor, and the writer that runs the map backwards); `formats.FORMATS` lists them for the
+loader, the writers, sharing and the CLI. `loading` applies the rules common to all
 (position-embedding resizing with `pos_embed`, head and pre-logits skipping, input-channel
 adaptation, strict shape checks); `resnet_stem` maps the hybrids' stems. `reading` opens `.npz`,
 `.safetensors` and PyTorch `.bin` files without importing torch and without unpickling arbitrary
@@ -22,7 +23,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CheckpointError": "errors",
-        "FORMATS": "loading",
+        "FORMATS": "formats",
         "CheckpointInfo": "loading",
         "detect_format": "loading",
         "inspect_checkpoint": "loading",
@@ -31,5 +32,5 @@ __getattr__, __dir__ = lazy_exports(
         "load_weights": "pretrained",
         "resolve_pretrained": "pretrained",
     },
-    submodules=("loading", "pos_embed", "pretrained", "reading"),
+    submodules=("formats", "loading", "pos_embed", "pretrained", "reading"),
 )

@@ -6,19 +6,25 @@ layout, keyed by the path of the weight they fill, relative to the model
 two name maps -- top-level keys, and keys inside encoder block `i` -- from a checkpoint key to
 `(target suffix, transform)` pairs; `apply_name_maps` runs them. Each format module also tells
 which of its keys belong to a hybrid's ResNet stem (`is_stem_key`): the loader sets those apart.
-The writers (`write_<format>`) run the same maps backwards (`invert_name_maps`): each transform
-has its inverse (`_INVERSES`), and a key that fills several targets gets their parts concatenated.
+The writers run the same maps backwards (`invert_name_maps`): each transform has its inverse
+(`_INVERSES`), and a key that fills several targets gets their parts concatenated.
+Each format declares itself once as a `CheckpointFormat` (its module's `FORMAT`), listed in
+`keras_vit.checkpoints.formats.FORMATS`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from keras_vit.checkpoints.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import keras
 
 # Canonical names: the weights' paths in a keras_vit model, relative to the model.
 PATCH_KERNEL = "patch_embed/projection/kernel"
@@ -61,6 +67,60 @@ class Conversion:
 
     tensors: dict[str, CanonicalTensor] = field(default_factory=dict)
     unused: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StemLayout:
+    """How one checkpoint format names the weights of a hybrid's BiT ResNet stem."""
+
+    format: str  # the format's name, for messages
+    prefix: str  # before every stem key (the default; a file may nest it elsewhere)
+    root: tuple[str, str]  # the root convolution's and GroupNorm's base names, in a stem with units
+    root_only: tuple[str, str]  # the same in a stem without units (R+ViT-Ti/16)
+    unit: str  # a unit's base, from `{stage}` and `{unit}` numbered from `first`
+    unit_key: re.Pattern  # a unit key (after the prefix) -> (stage, unit)
+    first: int  # the number of the first stage and unit
+    norms: tuple[str, str, str]  # the unit's three GroupNorms (convolutions are conv1..3 everywhere)
+    projection: tuple[str, str]  # the unit's projection convolution and GroupNorm
+    kernel: str  # a convolution kernel's suffix
+    scale_bias: tuple[str, str]  # a GroupNorm's scale and bias suffixes
+    oihw: bool  # kernels stored (out, in, height, width), PyTorch's order
+    stem_key: re.Pattern | None = None  # which keys under the prefix are the stem's (None: all of them)
+
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """One checkpoint format, declared once in its module (`format_<name>.FORMAT`): the loader, the
+    writers, `save_pretrained`, the model card and the CLI's choices all read this row."""
+
+    name: str  # "timm", "hf", "google_npz": `format=` and `--to` / `--format`
+    description: str  # its key layout, for the error that lists the formats a file may be in
+    library: str  # the library that reads it (the model card's `library_name`)
+    numerics: str  # `ViTConfig.numerics` of its own code (transformers files refine it from config.json)
+    pos_embed_interpolation: str  # how its own code resamples position embeddings (`pos_embed`)
+    files: tuple[str, ...]  # what `write` writes into a folder, the weights file first
+    stem: StemLayout | None  # how it names a hybrid's ResNet stem; None: it holds no hybrids
+    matches: Callable[[Collection[str]], bool]  # whether a checkpoint's keys are this format's
+    normalise: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]  # prefixes off, blocks apart
+    is_stem_key: Callable[[str], bool]  # a normalised key of a hybrid's stem
+    num_heads: Callable[[Mapping[str, np.ndarray]], int | None]  # the head count, where the file has it
+    convert: Callable[[Mapping[str, np.ndarray], int | None], Conversion]  # to canonical tensors
+    check: Callable[[keras.Model], None]  # `NotExpressibleError` for what the format cannot express
+    write: Callable[..., None]  # `write(model, folder, preprocessing, labels)`
+
+
+def model_targets(model: keras.Model) -> dict[str, keras.Variable]:
+    """Every Transformer weight of `model` by its canonical name (`block_0/fc1/kernel`).
+
+    A hybrid's ResNet stem (`model.stem`) is left out: `resnet_stem.stem_name_map` maps it.
+    """
+    stem = {id(layer) for layer in model.stem.values()}
+    return {
+        layer.name + variable.path[len(layer.path) :]: variable
+        for layer in model.layers
+        if id(layer) not in stem
+        for variable in layer.weights
+    }
 
 
 # ---- per-tensor transforms --------------------------------------------------------------------

@@ -10,21 +10,19 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import keras
 import numpy as np
 
-from keras_vit.checkpoints import common, convert_google_npz, convert_hf, convert_timm, resnet_stem
-from keras_vit.checkpoints.common import CanonicalTensor, Conversion
+from keras_vit.checkpoints import common, format_timm, resnet_stem
+from keras_vit.checkpoints.common import CanonicalTensor, CheckpointFormat, Conversion
 from keras_vit.checkpoints.errors import CheckpointError
+from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
 from keras_vit.checkpoints.reading import as_weight, read_checkpoint, resolve_checkpoint_file
 from keras_vit.registry.variants import NUMERICS, WIDTHS, ViTConfig, config_of, image_hw, variant_for
 
 __all__ = [
-    "DEFAULT_POS_EMBED_INTERPOLATION",
-    "FORMATS",
     "CheckpointInfo",
     "detect_format",
     "inspect_checkpoint",
@@ -33,21 +31,6 @@ __all__ = [
     "source_numerics",
 ]
 
-FORMATS: dict[str, ModuleType] = {
-    "google_npz": convert_google_npz,
-    "timm": convert_timm,
-    "hf": convert_hf,
-}
-_FORMAT_KEYS = {
-    "google_npz": "Google .npz ('embedding/kernel', 'Transformer/encoderblock_0/...', optionally under "
-    "'opt/target/', 'params/' or 'params/img/')",
-    "timm": "timm ('patch_embed.proj.weight', 'cls_token', 'pos_embed', 'blocks.0.attn.qkv.weight', ...)",
-    "hf": "Hugging Face transformers ('[vit.]embeddings.patch_embeddings.projection.weight', "
-    "'[vit.]encoder.layer.0...')",
-}
-# Each format's position-embedding resampling (`keras_vit.checkpoints.pos_embed.POS_EMBED_INTERPOLATIONS`):
-# the original code's scipy zoom for its own files, timm's bicubic for timm and transformers files.
-DEFAULT_POS_EMBED_INTERPOLATION = {"google_npz": "jax", "timm": "timm", "hf": "timm"}
 # transformers `hidden_act` -> whether it is the tanh approximation of GELU (False: exact erf)
 _HF_GELU = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True, "gelu_fast": True}
 _HEAD_DIM = 64  # ViT's head width, for checkpoints of a width keras_vit.registry.variants does not list
@@ -68,7 +51,7 @@ class CheckpointInfo:
     average pooling (`fc_norm`), else `"token"`. `numerics` is the computation
     of the checkpoint's source (`keras_vit.registry.variants.NUMERICS`: `"jax"` for Google `.npz`,
     `"timm"`, `"hf"` from transformers' `config.json`), `pos_embed_interpolation` its
-    position-embedding resampling (`DEFAULT_POS_EMBED_INTERPOLATION`): what
+    position-embedding resampling (its format's `pos_embed_interpolation`): what
     `create_model(..., pretrained=...)` builds and loads with unless told otherwise.
     """
 
@@ -92,7 +75,7 @@ class CheckpointInfo:
     @property
     def pos_embed_interpolation(self) -> str:
         """How a model built for another resolution resamples the position embedding by default."""
-        return DEFAULT_POS_EMBED_INTERPOLATION[self.format]
+        return FORMATS[self.format].pos_embed_interpolation
 
     @property
     def layout(self) -> dict[str, bool | str]:
@@ -119,21 +102,21 @@ class _Checkpoint:
     numerics: str  # the source's (`source_numerics`)
 
     @property
-    def module(self) -> ModuleType:
+    def row(self) -> CheckpointFormat:
         return FORMATS[self.format]
 
 
 def detect_format(state: Mapping[str, object]) -> str:
     """`"google_npz"`, `"timm"` or `"hf"`, recognised from the checkpoint's keys."""
     keys = set(state)
-    found = [name for name, module in FORMATS.items() if module.matches(keys)]
+    found = [name for name, row in FORMATS.items() if row.matches(keys)]
     if len(found) == 1:
         return found[0]
     if found:
         raise CheckpointError(
             f"The checkpoint's keys match several formats {found}: pass format=one of them."
         )
-    expected = "; ".join(_FORMAT_KEYS.values())
+    expected = "; ".join(row.description for row in FORMATS.values())
     raise CheckpointError(
         f"Unrecognised checkpoint layout: expected a ViT checkpoint in one of these formats: {expected}. "
         f"Found {len(keys)} keys, e.g. {sorted(keys)[:10]}."
@@ -169,7 +152,7 @@ def source_numerics(format: str, hf_config: Mapping | None = None) -> str:
     (exact or tanh) is a `CheckpointError`.
     """
     if format != "hf":
-        return {"google_npz": "jax"}.get(format, "timm")
+        return FORMATS[format].numerics
     hf_config = hf_config or {}
     activation = hf_config.get("hidden_act", "gelu")
     if activation not in _HF_GELU:
@@ -203,16 +186,17 @@ def _read(source, format: str | None, hf_config: Mapping | None = None) -> _Chec
     config = {}
     if format == "hf":
         config = read_hf_config(path) if hf_config is None and path is not None else dict(hf_config or {})
-    module = FORMATS[format]
-    flat = module.normalise(state)
-    stem = {key: flat.pop(key) for key in [key for key in flat if module.is_stem_key(key)]}
-    if stem and format not in resnet_stem.FORMATS:
+    row = FORMATS[format]
+    flat = row.normalise(state)
+    stem = {key: flat.pop(key) for key in [key for key in flat if row.is_stem_key(key)]}
+    if stem and row.stem is None:
+        hybrid_formats = sorted(name for name, other in FORMATS.items() if other.stem is not None)
         raise CheckpointError(
             f"The {format} checkpoint {label} has ResNet stem keys such as {sorted(stem)[:3]}: hybrid "
-            f"ResNet+ViT checkpoints load from the {resnet_stem.FORMATS} formats only."
+            f"ResNet+ViT checkpoints load from the {hybrid_formats} formats only."
         )
-    stages = resnet_stem.resnet_stages(stem, format) if stem else None
-    stored_heads = module.num_heads(flat) or config.get("num_attention_heads")
+    stages = resnet_stem.resnet_stages(stem, row.stem) if stem else None
+    stored_heads = row.num_heads(flat) or config.get("num_attention_heads")
     numerics = source_numerics(format, config)
     return _Checkpoint(format, flat, stored_heads, _config_grid(config), label, stem, stages, numerics)
 
@@ -248,7 +232,7 @@ def _layout(conversion: Conversion) -> dict[str, bool | str]:
     tensors = conversion.tensors
     class_token = common.CLASS_TOKEN in tensors
     norm = tensors.get(common.ENCODER_NORM_SCALE)
-    fc_norm = norm is not None and norm.source in convert_timm.FC_NORM_KEYS
+    fc_norm = norm is not None and norm.source in format_timm.FC_NORM_KEYS
     if f"{common.POOL}probe" in tensors:
         pooling = "map"
     else:  # timm's fc_norm follows average pooling, with or without a [class] token
@@ -356,9 +340,9 @@ def inspect_checkpoint(
     checkpoint = _read(state_or_path, format, hf_config)
     heads = checkpoint.stored_heads
     if heads is None:
-        patch = checkpoint.module.convert(checkpoint.flat, None).tensors.get(common.PATCH_KERNEL)
+        patch = checkpoint.row.convert(checkpoint.flat, None).tensors.get(common.PATCH_KERNEL)
         heads = _default_heads(int(patch.value.shape[-1])) if patch is not None else None
-    return _info(checkpoint, checkpoint.module.convert(checkpoint.flat, heads))
+    return _info(checkpoint, checkpoint.row.convert(checkpoint.flat, heads))
 
 
 def _source_grid(pos_embed: np.ndarray, checkpoint: _Checkpoint, layer) -> tuple[int, int]:
@@ -370,20 +354,6 @@ def _source_grid(pos_embed: np.ndarray, checkpoint: _Checkpoint, layer) -> tuple
         if tokens == layer.grid_size[0] * layer.grid_size[1]:
             return tuple(layer.grid_size)
         raise
-
-
-def _model_targets(model: keras.Model) -> dict[str, keras.Variable]:
-    """Every Transformer weight of `model` by its path relative to the model (`block_0/fc1/kernel`).
-
-    A hybrid's ResNet stem (`model.stem`) is left out: `resnet_stem.stem_weights` maps it.
-    """
-    stem = {id(layer) for layer in model.stem.values()}
-    return {
-        layer.name + variable.path[len(layer.path) :]: variable
-        for layer in model.layers
-        if id(layer) not in stem
-        for variable in layer.weights
-    }
 
 
 def _stem_assignments(model: keras.Model, checkpoint: _Checkpoint) -> list[tuple[keras.Variable, np.ndarray]]:
@@ -402,7 +372,7 @@ def _stem_assignments(model: keras.Model, checkpoint: _Checkpoint) -> list[tuple
             f"{checkpoint.resnet_stages}, keys such as {sorted(checkpoint.stem)[:2]}) but model "
             f"{model.name!r} is a plain ViT: build the hybrid (e.g. keras_vit.vit_r50_b16)."
         )
-    return resnet_stem.stem_weights(checkpoint.stem, checkpoint.format, model)
+    return resnet_stem.stem_weights(checkpoint.stem, checkpoint.row.stem, model)
 
 
 def _model_summary(config: ViTConfig) -> str:
@@ -467,7 +437,7 @@ def load_checkpoint(
 
     - a position embedding for another patch grid is resampled to the model's with
       `pos_embed_interpolation` (`keras_vit.checkpoints.pos_embed.POS_EMBED_INTERPOLATIONS`), by default
-      the source's own (`DEFAULT_POS_EMBED_INTERPOLATION`): for a Google `.npz` the original
+      the source's own (its format's `pos_embed_interpolation`): for a Google `.npz` the original
       code's `scipy.ndimage.zoom(order=1)` (`"jax"`), else timm's antialiased bicubic
       (`"timm"`, its `checkpoint_filter_fn`);
     - a head with another class count, or none in the checkpoint, is not loaded: the model's
@@ -495,16 +465,16 @@ def load_checkpoint(
     except ValueError as error:
         raise CheckpointError(f"Checkpoints load into keras_vit models only. {error}") from None
     checkpoint = _read(source, format)
-    interpolation = pos_embed_interpolation or DEFAULT_POS_EMBED_INTERPOLATION[checkpoint.format]
+    interpolation = pos_embed_interpolation or checkpoint.row.pos_embed_interpolation
     if interpolation not in POS_EMBED_INTERPOLATIONS:
         raise ValueError(
             f"Unknown pos_embed_interpolation {interpolation!r}: use one of "
             f"{sorted(POS_EMBED_INTERPOLATIONS)}."
         )
-    conversion = checkpoint.module.convert(checkpoint.flat, model_heads)
+    conversion = checkpoint.row.convert(checkpoint.flat, model_heads)
     _check_layout(model, checkpoint, conversion)
     tensors = conversion.tensors
-    targets = _model_targets(model)
+    targets = common.model_targets(model)
     skip_head, skip_pre_logits, notes = _skipped_parts(model, tensors)
 
     assignments = _stem_assignments(model, checkpoint)

@@ -1,8 +1,9 @@
-"""What the checkpoint writers (`write_timm`, `write_hf`, `write_google_npz`) share.
+"""What the checkpoint writers (each `format_<name>.write`) share.
 
 A writer is the inverse of a reader: the model's weights by canonical name
 (`canonical_weights`, the names `load_checkpoint` fills), the reader's name maps run backwards
-(`common.invert_name_maps`), and a hybrid's ResNet stem through `resnet_stem.stem_name_map`.
+(`common.invert_name_maps`), and a hybrid's ResNet stem through `resnet_stem.stem_name_map`
+in the format's `StemLayout`.
 `check_writable` refuses what no format holds (a quantized model, an object that is not a
 keras_vit ViT); each writer's `check` then refuses what its own format cannot express, with a
 `NotExpressibleError` that names the part, before anything is written.
@@ -11,13 +12,15 @@ keras_vit ViT); each writer's `check` then refuses what its own format cannot ex
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from keras_vit.checkpoints import common, resnet_stem
-from keras_vit.checkpoints.loading import _model_targets
 from keras_vit.registry.variants import NUMERICS, Numerics, ViTConfig, config_of
+
+if TYPE_CHECKING:
+    import keras
 
 
 class NotExpressibleError(ValueError):
@@ -51,10 +54,7 @@ def numerics(config: ViTConfig) -> Numerics:
 
 def canonical_weights(model: keras.Model) -> dict[str, np.ndarray]:
     """The model's Transformer weights (no ResNet stem) as float32 arrays, by canonical name."""
-    return {
-        name: np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float32)
-        for name, variable in _model_targets(model).items()
-    }
+    return {name: _float32(variable) for name, variable in common.model_targets(model).items()}
 
 
 def transformer_state(
@@ -80,13 +80,20 @@ def transformer_state(
     return arrays
 
 
-def stem_state(model: keras.Model, fmt: str) -> dict[str, np.ndarray]:
-    """A hybrid's ResNet stem arrays under `fmt`'s keys (`resnet_stem.stem_name_map`); OIHW for timm."""
+def stem_state(model: keras.Model, layout: common.StemLayout) -> dict[str, np.ndarray]:
+    """A hybrid's ResNet stem arrays under the layout's keys (`resnet_stem.stem_name_map`), kernels
+    in the layout's order."""
     arrays = {}
-    for key, variable in resnet_stem.stem_name_map(model, fmt).items():
-        value = np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float32)
-        arrays[key] = common.conv_kernel_out(value) if fmt == "timm" else value
+    for key, variable in resnet_stem.stem_name_map(model, layout).items():
+        value = _float32(variable)
+        arrays[key] = common.conv_kernel_out(value) if layout.oihw else value
     return arrays
+
+
+def _float32(variable: keras.Variable) -> np.ndarray:
+    import keras
+
+    return np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float32)
 
 
 def contiguous(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

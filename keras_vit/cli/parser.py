@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.cli import commands
 from keras_vit.training.options import (
     ClassifierOptions,
@@ -244,7 +245,7 @@ def _add_convert(subparsers) -> None:
     convert.add_argument("output", help="the .keras file to write, or with --to the folder")
     convert.add_argument(
         "--to",
-        choices=("timm", "hf", "google_npz"),
+        choices=tuple(FORMATS),
         help="write this published format (keras_vit.save_pretrained)",
     )
     convert.add_argument("--labels", help="with --to: a text file of class names, one per line in head order")
@@ -283,7 +284,7 @@ def _add_push(subparsers) -> None:
         "or a checkpoint to load into --model",
     )
     push.add_argument("repo_id", help="the Hub repo, user/name (created if missing)")
-    push.add_argument("--format", choices=("timm", "hf", "google_npz"), default="timm")
+    push.add_argument("--format", choices=tuple(FORMATS), default="timm")
     push.add_argument(
         "--model", help=f"the variant a checkpoint SOURCE loads into (default {commands.MODEL})"
     )

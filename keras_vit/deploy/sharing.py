@@ -32,11 +32,10 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 
 import keras
 
-from keras_vit.checkpoints import write_google_npz, write_hf, write_timm
+from keras_vit.checkpoints.formats import FORMATS, get_format
 from keras_vit.checkpoints.pretrained import (
     HUB_PREFIX,
     METADATA_FILE,
@@ -52,7 +51,6 @@ from keras_vit.utils.files import ChecksumError, file_sha256, write_owned
 from keras_vit.version import __version__
 
 __all__ = [
-    "FORMATS",
     "ChecksumError",
     "METADATA_FILE",
     "NotExpressibleError",
@@ -64,15 +62,7 @@ __all__ = [
     "verify_shared",
 ]
 
-FORMATS: dict[str, ModuleType] = {"timm": write_timm, "hf": write_hf, "google_npz": write_google_npz}
 CARD_FILE = "README.md"
-_LIBRARY = {"timm": "timm", "hf": "transformers", "google_npz": "keras"}
-
-
-def _writer(format: str) -> ModuleType:
-    if format not in FORMATS:
-        raise ValueError(f"Unknown format {format!r}: use one of {sorted(FORMATS)}.")
-    return FORMATS[format]
 
 
 def _labels(model: keras.Model, labels: Sequence[str] | None) -> list[str] | None:
@@ -117,7 +107,7 @@ def _earlier_output(directory: Path) -> set[str]:
         return {METADATA_FILE, CARD_FILE} if (directory / METADATA_FILE).is_file() else set()
     named = set(metadata.get("files") or {}) | {metadata.get("weights")}
     if metadata.get("format") in FORMATS:
-        named |= set(FORMATS[metadata["format"]].FILES)
+        named |= set(FORMATS[metadata["format"]].files)
     return {name for name in named if isinstance(name, str) and name == os.path.basename(name)} | {
         METADATA_FILE,
         CARD_FILE,
@@ -158,11 +148,11 @@ def save_pretrained(
     write, before anything is written. `keras_vit.json` records the SHA-256 of the files
     written (all but the model card) and of itself, for `load_pretrained` to verify.
     """
-    writer = _writer(format)
+    writer = get_format(format)
     check_writable(model, format)
     writer.check(model)
     directory = Path(directory)
-    names = {*writer.FILES, METADATA_FILE, CARD_FILE}
+    names = {*writer.files, METADATA_FILE, CARD_FILE}
     labels = _labels(model, labels)
     preprocessing = preprocessing or preprocessing_for(model)
     run_report = _report(report)
@@ -171,7 +161,7 @@ def save_pretrained(
         weights = writer.write(model, staging, preprocessing, labels)
         metadata = _metadata(model, format, weights, preprocessing, labels)
         (staging / CARD_FILE).write_text(model_card(model, metadata, run_report), encoding="utf-8")
-        metadata["files"] = {name: file_sha256(staging / name) for name in sorted(writer.FILES)}
+        metadata["files"] = {name: file_sha256(staging / name) for name in sorted(writer.files)}
         signed = _signed(metadata)
         (staging / METADATA_FILE).write_text(json.dumps(signed, indent=2), encoding="utf-8")
 
@@ -328,7 +318,7 @@ def model_card(
     ]
     front = [
         "---",
-        f"library_name: {_LIBRARY[format]}",
+        f"library_name: {FORMATS[format].library}",
         "tags:",
         *(f"- {tag}" for tag in [*tags, "keras_vit"]),
     ]

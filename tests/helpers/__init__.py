@@ -14,7 +14,7 @@ import time
 import keras
 import numpy as np
 
-from keras_vit.checkpoints.write_timm import TIMM_ARCHITECTURES
+from keras_vit.checkpoints.format_timm import TIMM_ARCHITECTURES
 
 # keras_vit variant -> timm model name of the same architecture at 224 px (1000-class head).
 TIMM_NAMES = TIMM_ARCHITECTURES

@@ -1,6 +1,20 @@
-"""Write a keras_vit model as a timm checkpoint: `model.safetensors` + timm's `config.json`.
+"""timm `VisionTransformer` state dicts (`model.safetensors` on the hub, or a torch.save'd state dict).
 
-The inverse of `convert_timm` (its name maps run backwards; the hybrid stem by
+PyTorch layouts: Linear weights (out, in) are transposed, the patch convolution goes OIHW ->
+HWIO, and the fused `attn.qkv` (3D, D) weight is cut into query, key and value, each split per
+head as `(D, heads, D/heads)` (timm orders the fused output as (3, heads, head_dim)). timm
+stores no head count: the model's is used. Old timm checkpoints' `pre_logits.fc` loads into
+the model's `pre_logits` layer.
+
+Class-token-free models (`class_token=False`) have no `cls_token`. `global_pool="avg"` models
+normalise after pooling by default (`fc_norm.*` instead of `norm.*`): that LayerNorm fills
+`encoder_norm` of a model built with `fc_norm=True`. `global_pool="map"` models'
+`AttentionPoolLatent` (`attn_pool.latent`, `attn_pool.q`, the fused `attn_pool.kv` (2D, D) cut
+into key and value, `attn_pool.proj`, `attn_pool.norm`, `attn_pool.mlp`) fills the `pool` layer.
+
+Writing: a keras_vit model as a timm checkpoint: `model.safetensors` + timm's `config.json`.
+
+The reading maps run backwards (its name maps run backwards; the hybrid stem by
 `resnet_stem.stem_name_map`). `config.json` is what timm's `push_to_hf_hub` writes:
 `architecture` (a registered timm model), `num_classes`, `global_pool`, `model_args` (every
 size, so any keras_vit architecture rebuilds: `timm.create_model("hf-hub:org/name")` or
@@ -16,12 +30,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 from safetensors.numpy import save_file
 
-from keras_vit.checkpoints import convert_timm
+from keras_vit.checkpoints import common, resnet_stem
+from keras_vit.checkpoints.common import (
+    Conversion,
+    compose,
+    conv_kernel,
+    fused_part,
+    heads_in,
+    heads_out,
+    keep,
+    linear_kernel,
+    rules,
+)
 from keras_vit.checkpoints.write_common import (
     check_writable,
     contiguous,
@@ -32,7 +59,120 @@ from keras_vit.checkpoints.write_common import (
 )
 from keras_vit.registry.catalog import Preprocessing
 
+if TYPE_CHECKING:
+    import keras
+
 NAME = "timm"
+
+# How timm's `ResNetV2` backbone names a hybrid's stem (under `patch_embed.backbone.`).
+STEM = common.StemLayout(
+    format=NAME,
+    prefix="patch_embed.backbone.",
+    root=("stem.conv", "stem.norm"),
+    root_only=("conv", "norm"),
+    unit="stages.{stage}.blocks.{unit}.",
+    unit_key=re.compile(r"stages\.(\d+)\.blocks\.(\d+)\..+"),
+    first=0,
+    norms=("norm1", "norm2", "norm3"),
+    projection=("downsample.conv", "downsample.norm"),
+    kernel=".weight",
+    scale_bias=(".weight", ".bias"),
+    oihw=True,
+)
+_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+
+_TOP = {
+    "patch_embed.proj.weight": rules((common.PATCH_KERNEL, conv_kernel)),
+    "patch_embed.proj.bias": rules((common.PATCH_BIAS, keep)),
+    "cls_token": rules((common.CLASS_TOKEN, keep)),
+    "pos_embed": rules((common.POS_EMBED, keep)),
+    "norm.weight": rules((common.ENCODER_NORM_SCALE, keep)),
+    "norm.bias": rules((common.ENCODER_NORM_BIAS, keep)),
+    "pre_logits.fc.weight": rules((common.PRE_LOGITS_KERNEL, linear_kernel)),
+    "pre_logits.fc.bias": rules((common.PRE_LOGITS_BIAS, keep)),
+    "head.weight": rules((common.HEAD_KERNEL, linear_kernel)),
+    "head.bias": rules((common.HEAD_BIAS, keep)),
+    "fc_norm.weight": rules((common.ENCODER_NORM_SCALE, keep)),
+    "fc_norm.bias": rules((common.ENCODER_NORM_BIAS, keep)),
+    "attn_pool.latent": rules((f"{common.POOL}probe", keep)),
+    "attn_pool.q.weight": rules((f"{common.POOL}query/kernel", compose(linear_kernel, heads_in))),
+    "attn_pool.q.bias": rules((f"{common.POOL}query/bias", heads_in)),
+    "attn_pool.kv.weight": rules(
+        *(
+            (f"{common.POOL}{name}/kernel", compose(fused_part(i, 2), linear_kernel, heads_in))
+            for i, name in enumerate(("key", "value"))
+        )
+    ),
+    "attn_pool.kv.bias": rules(
+        *(
+            (f"{common.POOL}{name}/bias", compose(fused_part(i, 2), heads_in))
+            for i, name in enumerate(("key", "value"))
+        )
+    ),
+    "attn_pool.proj.weight": rules(
+        (f"{common.POOL}attention_output/kernel", compose(linear_kernel, heads_out))
+    ),
+    "attn_pool.proj.bias": rules((f"{common.POOL}attention_output/bias", keep)),
+    "attn_pool.norm.weight": rules((f"{common.POOL}norm/gamma", keep)),
+    "attn_pool.norm.bias": rules((f"{common.POOL}norm/beta", keep)),
+    "attn_pool.mlp.fc1.weight": rules((f"{common.POOL}fc1/kernel", linear_kernel)),
+    "attn_pool.mlp.fc1.bias": rules((f"{common.POOL}fc1/bias", keep)),
+    "attn_pool.mlp.fc2.weight": rules((f"{common.POOL}fc2/kernel", linear_kernel)),
+    "attn_pool.mlp.fc2.bias": rules((f"{common.POOL}fc2/bias", keep)),
+}
+# The LayerNorm after the pooling (`fc_norm`, timm's default for global_pool="avg").
+FC_NORM_KEYS = ("fc_norm.weight", "fc_norm.bias")
+_QKV = ("query", "key", "value")
+_BLOCK_MAP = {
+    "norm1.weight": rules(("norm1/gamma", keep)),
+    "norm1.bias": rules(("norm1/beta", keep)),
+    "attn.qkv.weight": rules(
+        *(
+            (f"attention/{name}/kernel", compose(fused_part(i), linear_kernel, heads_in))
+            for i, name in enumerate(_QKV)
+        )
+    ),
+    "attn.qkv.bias": rules(
+        *((f"attention/{name}/bias", compose(fused_part(i), heads_in)) for i, name in enumerate(_QKV))
+    ),
+    "attn.proj.weight": rules(("attention/attention_output/kernel", compose(linear_kernel, heads_out))),
+    "attn.proj.bias": rules(("attention/attention_output/bias", keep)),
+    "norm2.weight": rules(("norm2/gamma", keep)),
+    "norm2.bias": rules(("norm2/beta", keep)),
+    "mlp.fc1.weight": rules(("fc1/kernel", linear_kernel)),
+    "mlp.fc1.bias": rules(("fc1/bias", keep)),
+    "mlp.fc2.weight": rules(("fc2/kernel", linear_kernel)),
+    "mlp.fc2.bias": rules(("fc2/bias", keep)),
+}
+
+
+def matches(keys: Collection[str]) -> bool:
+    """Whether the keys look like a timm ViT (`patch_embed.proj.weight`, `blocks.N.*`)."""
+    return "patch_embed.proj.weight" in keys or ("cls_token" in keys and "pos_embed" in keys)
+
+
+def normalise(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """timm keys need no normalising."""
+    return dict(state)
+
+
+def is_stem_key(key: str) -> bool:
+    """Whether a key belongs to a hybrid's ResNet backbone (`patch_embed.backbone.*`)."""
+    return resnet_stem.is_stem_key(key, STEM)
+
+
+def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:
+    """timm checkpoints do not record the head count."""
+    return None
+
+
+def convert(flat: Mapping[str, np.ndarray], num_heads: int | None) -> Conversion:
+    """Canonical tensors of a timm state dict (stem keys removed), attention split into `num_heads` heads."""
+    return common.apply_name_maps(flat, top=_TOP, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads)
+
+
+# ---- writing ----
+
 WEIGHTS_FILE = "model.safetensors"
 # What `write` writes: save_pretrained replaces only these (and its own keras_vit.json, README.md).
 FILES = (WEIGHTS_FILE, "config.json")
@@ -92,14 +232,12 @@ def check(model: keras.Model) -> None:
 def state_dict(model: keras.Model) -> dict[str, np.ndarray]:
     """The timm `VisionTransformer` state dict of `model` (float32 numpy arrays)."""
     check(model)
-    state = transformer_state(
-        model, NAME, top=convert_timm._TOP, block_key="blocks.{index}.{key}", block=convert_timm._BLOCK_MAP
-    )
+    state = transformer_state(model, NAME, top=_TOP, block_key="blocks.{index}.{key}", block=_BLOCK_MAP)
     if model.config.fc_norm:  # the final LayerNorm follows the pooling: timm's `fc_norm`
         for part in ("weight", "bias"):
             state[f"fc_norm.{part}"] = state.pop(f"norm.{part}")
     if model.config.is_hybrid:
-        state.update(stem_state(model, NAME))
+        state.update(stem_state(model, STEM))
     return contiguous(state)
 
 
@@ -182,3 +320,21 @@ def write(
     with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as file:
         json.dump(config_json(model, preprocessing, labels), file, indent=2)
     return WEIGHTS_FILE
+
+
+FORMAT = common.CheckpointFormat(
+    name=NAME,
+    description="timm ('patch_embed.proj.weight', 'cls_token', 'pos_embed', 'blocks.0.attn.qkv.weight', ...)",
+    library="timm",
+    numerics="timm",
+    pos_embed_interpolation="timm",
+    files=FILES,
+    stem=STEM,
+    matches=matches,
+    normalise=normalise,
+    is_stem_key=is_stem_key,
+    num_heads=num_heads,
+    convert=convert,
+    check=check,
+    write=write,
+)

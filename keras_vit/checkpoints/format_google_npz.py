@@ -14,20 +14,63 @@ big_vision's `pool_type="gap"` and `"map"` checkpoints have no `cls` parameter: 
 embedding is copied as it is, into a model built with `class_token=False`. The `"map"` head
 (`MAPHead_0/probe`, `MAPHead_0/MultiHeadDotProductAttention_0/...`, `MAPHead_0/LayerNorm_0`,
 `MAPHead_0/MlpBlock_0/...`) fills the model's `pool` (`MultiheadAttentionPooling`).
+
+Writing: a keras_vit model as a Google `.npz` checkpoint (flat `np.savez` of '/'-joined Flax paths).
+
+The reading maps run backwards, in the original vision_transformer layout that timm's
+`_load_weights` and the JAX code read: `embedding`, `cls`,
+`Transformer/posembed_input/pos_embedding`, `Transformer/encoderblock_{i}/LayerNorm_0`,
+`MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`, `Transformer/encoder_norm`,
+`pre_logits`, `head`; a hybrid's ResNet as `conv_root`, `gn_root`, `block{s}/unit{u}/...`; an
+attention-pooling head as big_vision's `MAPHead_0`. Flax kernels have the Keras layouts, so
+every array is written as the model holds it; timm's LayerNorm after the pooling (`fc_norm`)
+has no Google layout and is refused. The file stores no numerics or pooling:
+`keras_vit.save_pretrained` records them next to it (`keras_vit.json`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from keras_vit.checkpoints import common, resnet_stem
 from keras_vit.checkpoints.common import Conversion, keep, rules
 from keras_vit.checkpoints.errors import CheckpointError
+from keras_vit.checkpoints.write_common import (
+    check_writable,
+    contiguous,
+    refuse_inexpressible,
+    stem_state,
+    transformer_state,
+)
+from keras_vit.registry.catalog import Preprocessing
+
+if TYPE_CHECKING:
+    import keras
 
 NAME = "google_npz"
+
+# How the original code names a hybrid's stem (Flax paths; GroupNorm parameters of files saved before
+# Flax 0.3.6 have shape (1, 1, 1, C)).
+STEM = common.StemLayout(
+    format=NAME,
+    prefix="",
+    root=("conv_root", "gn_root"),
+    root_only=("conv_root", "gn_root"),
+    unit="block{stage}/unit{unit}/",
+    unit_key=re.compile(r"block(\d+)/unit(\d+)/.+"),
+    first=1,
+    norms=("gn1", "gn2", "gn3"),
+    projection=("conv_proj", "gn_proj"),
+    kernel="/kernel",
+    scale_bias=("/scale", "/bias"),
+    oihw=False,
+    stem_key=re.compile(r"(conv_root|gn_root|block\d+/unit\d+)/.+"),
+)
 PREFIXES = ("opt/target/", "params/img/", "params/", "")
 _STACKED = "Transformer/encoderblock/"
 _BLOCK = re.compile(r"Transformer/encoderblock_(\d+)/(.+)")
@@ -146,7 +189,7 @@ def normalise(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def is_stem_key(key: str) -> bool:
     """Whether a (normalised) key belongs to a hybrid's ResNet stem (`conv_root`, `block1/unit1/...`)."""
-    return resnet_stem.is_stem_key(key, NAME)
+    return resnet_stem.is_stem_key(key, STEM)
 
 
 def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:
@@ -162,3 +205,67 @@ def convert(flat: Mapping[str, np.ndarray], num_heads: int | None) -> Conversion
     """Canonical tensors of a normalised Google checkpoint (stem keys removed); heads are in the file."""
     top = _TOP if "cls" in flat else _TOP_WITHOUT_CLASS_TOKEN
     return common.apply_name_maps(flat, top=top, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads)
+
+
+# ---- writing ----
+
+WEIGHTS_FILE = "model.npz"
+# What `write` writes: save_pretrained replaces only these (and its own keras_vit.json, README.md).
+FILES = (WEIGHTS_FILE,)
+
+
+def check(model: keras.Model) -> None:
+    """A `NotExpressibleError` for timm's LayerNorm after the pooling (`fc_norm`): Google files have none."""
+    config = check_writable(model, NAME)
+    if config.fc_norm:
+        refuse_inexpressible(
+            model,
+            NAME,
+            [
+                "its final LayerNorm follows the average pooling (fc_norm=True, timm's layout), the Google "
+                "layout normalises the tokens before pooling (Transformer/encoder_norm); use the timm format"
+            ],
+        )
+
+
+def state_dict(model: keras.Model) -> dict[str, np.ndarray]:
+    """The Google `.npz` arrays of `model`, by key."""
+    check(model)
+    state = transformer_state(
+        model,
+        NAME,
+        top=_TOP,
+        block_key="Transformer/encoderblock_{index}/{key}",
+        block=_BLOCK_MAP,
+    )
+    if model.config.is_hybrid:
+        state.update(stem_state(model, STEM))
+    return contiguous(state)
+
+
+def write(
+    model: keras.Model, directory: str | os.PathLike, preprocessing: Preprocessing, labels: list[str] | None
+) -> str:
+    """Write `model.npz` into `directory` (an uncompressed `np.savez`, like the published files)."""
+    with open(os.path.join(directory, WEIGHTS_FILE), "wb") as file:
+        np.savez(file, **state_dict(model))
+    return WEIGHTS_FILE
+
+
+FORMAT = common.CheckpointFormat(
+    name=NAME,
+    description="Google .npz ('embedding/kernel', 'Transformer/encoderblock_0/...', optionally under "
+    "'opt/target/', 'params/' or 'params/img/')",
+    library="keras",
+    numerics="jax",
+    pos_embed_interpolation="jax",
+    files=FILES,
+    stem=STEM,
+    matches=matches,
+    normalise=normalise,
+    is_stem_key=is_stem_key,
+    num_heads=num_heads,
+    convert=convert,
+    check=check,
+    write=write,
+)
