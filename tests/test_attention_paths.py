@@ -23,12 +23,8 @@ from helpers import random_images, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
-from keras_vit.models.layers import (
-    ATTENTION_PADDING_MULTIPLE,
-    MultiHeadSelfAttention,
-    TransformerBlock,
-    choose_attention,
-)
+from keras_vit.models.attention import ATTENTION_PADDING_MULTIPLE, choose_attention
+from keras_vit.models.layers import MultiHeadSelfAttention, TransformerBlock
 
 WORKER = Path(__file__).with_name("attention_worker.py")
 TOLERANCE = 1e-5
