@@ -209,21 +209,30 @@ def download_checkpoint(
     name from the catalog, else `model.safetensors`). `cache_dir` and `endpoint` are passed to
     `huggingface_hub.hf_hub_download` (defaults: `HF_HUB_CACHE`, `HF_ENDPOINT`).
     """
-    if isinstance(source, catalog.CatalogEntry):
-        entry = source
-    elif "/" in source:
-        entry = catalog.entry_for_repo(source)
-        if entry is None:
-            return _hub_download(
-                source,
-                DEFAULT_FILENAME,
-                label=f"checkpoint {source!r}",
-                variant=None,
-                cache_dir=cache_dir,
-                endpoint=endpoint,
-            )
-    else:
-        entry = catalog.get_entry(source)
+    entry = source if isinstance(source, catalog.CatalogEntry) else catalog.lookup(source)
+    return _download(entry, source, cache_dir=cache_dir, endpoint=endpoint)
+
+
+def _download(
+    entry: catalog.CatalogEntry | None,
+    repo: str,
+    *,
+    cache_dir: str | os.PathLike | None,
+    endpoint: str | None = None,
+    variant: str | None = None,
+    note: str = "",
+) -> str:
+    """The catalog row's file (sha256 checked), or for no row the repo's model.safetensors (unchecked)."""
+    if entry is None:
+        return _hub_download(
+            repo,
+            DEFAULT_FILENAME,
+            label=f"checkpoint {repo!r}",
+            variant=variant,
+            cache_dir=cache_dir,
+            endpoint=endpoint,
+            note=note,
+        )
     return _hub_download(
         entry.hub_repo,
         entry.filename,
@@ -376,43 +385,27 @@ def _locate(
     source, variant: str | None, cache_dir: str | os.PathLike | None
 ) -> tuple[str, catalog.CatalogEntry | None, bool]:
     """(local path, catalog row or None, whether the path is in the hub cache) of a `pretrained=` value."""
-    if source is True:
-        if variant is None:
-            raise ValueError("pretrained=True needs a variant: pass a full tag, a file path or a repo id.")
-        entry = catalog.get_entry(catalog.default_tag(variant))
-        return download_checkpoint(entry, cache_dir=cache_dir), entry, True
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(
-            f"pretrained must be False, True, a tag, a file path or a hub repo id, got {source!r}."
-        )
-    path = os.path.expanduser(os.fspath(source))
-    if os.path.exists(path):
-        return path, None, False
-    if not isinstance(source, str) or path.endswith(_CHECKPOINT_SUFFIXES):
-        raise FileNotFoundError(
-            f"No checkpoint file {path!r}. pretrained= takes True, a tag such as 'augreg_in21k_ft_in1k' "
-            "(keras_vit.list_pretrained()), a local file path, or a hub repo id 'org/name'."
-        )
-    if "/" not in source:
-        entry = catalog.get_entry(source, variant)
-        return download_checkpoint(entry, cache_dir=cache_dir), entry, True
-    if _REPO_ID.fullmatch(source):
-        entry = catalog.entry_for_repo(source, variant)
-        if entry is not None:
-            return download_checkpoint(entry, cache_dir=cache_dir), entry, True
-        path = _hub_download(
-            source,
-            DEFAULT_FILENAME,
-            label=f"checkpoint {source!r}",
-            variant=variant,
-            cache_dir=cache_dir,
-            note=f"{source!r} is no local file, so it was taken as a hub repo id. ",
-        )
-        return path, None, True
-    raise ValueError(
-        f"pretrained={source!r} is neither a local file nor a hub repo id 'org/name' nor a tag "
-        "(keras_vit.list_pretrained())."
-    )
+    if source is not True:
+        if not isinstance(source, (str, os.PathLike)):
+            raise TypeError(
+                f"pretrained must be False, True, a tag, a file path or a hub repo id, got {source!r}."
+            )
+        path = os.path.expanduser(os.fspath(source))
+        if os.path.exists(path):
+            return path, None, False
+        if not isinstance(source, str) or path.endswith(_CHECKPOINT_SUFFIXES):
+            raise FileNotFoundError(
+                f"No checkpoint file {path!r}. pretrained= takes True, a tag such as 'augreg_in21k_ft_in1k' "
+                "(keras_vit.list_pretrained()), a local file path, or a hub repo id 'org/name'."
+            )
+        if "/" in source and not _REPO_ID.fullmatch(source):
+            raise ValueError(
+                f"pretrained={source!r} is neither a local file nor a hub repo id 'org/name' nor a tag "
+                "(keras_vit.list_pretrained())."
+            )
+    entry = catalog.lookup(source, variant)  # True, a tag or a repo id: the one catalog question
+    note = f"{source!r} is no local file, so it was taken as a hub repo id. "
+    return _download(entry, source, cache_dir=cache_dir, variant=variant, note=note), entry, True
 
 
 def hub_repo_files(

@@ -181,6 +181,19 @@ def entry_for_repo(repo: str, variant: str | None = None) -> CatalogEntry | None
     return (preferred or matches or [None])[0]
 
 
+def lookup(source: str | bool, variant: str | None = None) -> CatalogEntry | None:
+    """The catalog row a `pretrained=` value names, in one question: `True` (the variant's default
+    tag), a tag (short with `variant`, or full) or a hub repo id (`"org/name"`; `None` when the
+    catalog lists no checkpoint of that repo)."""
+    if source is True:
+        if variant is None:
+            raise ValueError("pretrained=True needs a variant: pass a full tag, a file path or a repo id.")
+        return get_entry(default_tag(variant))
+    if "/" in source:
+        return entry_for_repo(source, variant)
+    return get_entry(source, variant)
+
+
 def model_entry(tag_or_model) -> CatalogEntry | None:
     """The catalog row of a full tag, or of a model built from one (by `pretrained_tag` or name).
 
