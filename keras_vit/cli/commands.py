@@ -395,30 +395,21 @@ def _predict_saved_model(args) -> int:
 
 
 def _check_export_flags(args) -> None:
-    """Every `export` flag is honoured by the chosen format, or refused here, before anything runs."""
-    if args.format == "saved_model":
-        refuse_flags(
-            args,
-            ("preprocessing", "int8"),
-            "with --format saved_model: a SavedModel always takes raw images and normalises them in "
-            "the graph, and --int8 is a litert option",
+    """Every `export` flag is honoured by the chosen format (`EXPORT_FORMATS`), or refused here,
+    before anything runs."""
+    from keras_vit.deploy.formats import EXPORT_FORMATS, refused_options
+
+    refused = refused_options(args.format)
+    given = [option for option in refused if getattr(args, option, None) is not None]
+    if given:
+        owners = "; ".join(
+            f"{_flag(option)} applies to --format {' or '.join(refused[option])}" for option in given
         )
-    else:
-        refuse_flags(
-            args,
-            ("version", "top_k", "labels", "max_pixels", "no_warmup"),
-            f"with --format {args.format}: they shape a SavedModel's serving signatures, and the "
-            f"{args.format} file maps pixels to the model's output only",
-        )
-        if args.format == "onnx":
-            refuse_flags(
-                args,
-                ("int8",),
-                "with --format onnx: --int8 applies to --format litert (dynamic-range int8 weights)",
-            )
+        refuse_flags(args, tuple(given), f"with --format {args.format}: {owners}")
     args.model = args.model or MODEL
     _check_model_flags(args)
-    (output_folder if args.format == "saved_model" else output_file)("EXPORT_DIR", args.export_dir)
+    target = EXPORT_FORMATS[args.format].target
+    (output_folder if target == "folder" else output_file)("EXPORT_DIR", args.export_dir)
 
 
 def check_export(args) -> None:
@@ -433,38 +424,32 @@ def check_export(args) -> None:
         existing_file("the labels file", args.labels)
 
 
-def run_export(args) -> int:
-    from keras_vit.deploy.export import export_litert, export_onnx, export_serving
+# `keras-vit export` flags whose writer argument has another name or sense.
+_EXPORT_ARGUMENTS = {"no_warmup": ("warmup", lambda value: not value)}
 
+
+def run_export(args) -> int:
+    """`export`: the chosen format's writer (`EXPORT_FORMATS`) with the flags that format honours."""
+    from keras_vit.deploy import export
+    from keras_vit.deploy.formats import EXPORT_FORMATS
+
+    row = EXPORT_FORMATS[args.format]
     model = _model(args)
     labels_file = _class_names_file(args)
-    labels = _read_class_names(labels_file, model) if labels_file else _shared_class_names(args)
-    if args.format != "saved_model":
-        write = export_onnx if args.format == "onnx" else export_litert
-        options = {"int8": True} if args.int8 else {}
-        path = write(
-            model,
-            args.export_dir,
-            preprocessing=bool(args.preprocessing),
-            overwrite=args.overwrite,
-            **options,
-        )
-        size = os.path.getsize(path) / 2**20
-        print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}, {size:.1f} MiB)")
-        return 0
-    top_k = min(5, int(model.output_shape[-1])) if args.top_k is None else args.top_k
-    path = export_serving(
-        model,
-        args.export_dir,
-        1 if args.version is None else args.version,
-        top_k=top_k,
-        labels=labels,
-        warmup=not args.no_warmup,
-        overwrite=args.overwrite,
-        max_pixels=defaults.MAX_PIXELS if args.max_pixels is None else args.max_pixels,
-    )
+    arguments = {"overwrite": args.overwrite}
+    for option in row.options:
+        value = getattr(args, option)
+        if option == "labels":  # --labels, else the class names a save_pretrained folder records
+            value = _read_class_names(labels_file, model) if labels_file else _shared_class_names(args)
+        if value is not None:
+            name, convert = _EXPORT_ARGUMENTS.get(option, (option, lambda given: given))
+            arguments[name] = convert(value)
+    if "top_k" in row.options and args.top_k is None:
+        arguments["top_k"] = min(5, int(model.output_shape[-1]))
+    path = getattr(export, row.writer)(model, args.export_dir, **arguments)
     found = f"; class names from {labels_file}" if labels_file and not args.labels else ""
-    print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {top_k}{found})")
+    size = f", {os.path.getsize(path) / 2**20:.1f} MiB" if row.target == "file" else ""
+    print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}{size}{found})")
     return 0
 
 

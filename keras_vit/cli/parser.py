@@ -13,6 +13,7 @@ import argparse
 
 from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.cli import commands
+from keras_vit.deploy.formats import EXPORT_FORMATS
 from keras_vit.training.options import (
     ClassifierOptions,
     MaskedPatchOptions,
@@ -330,9 +331,9 @@ def _add_export(subparsers) -> None:
     )
     export.add_argument(
         "--format",
-        choices=("saved_model", "onnx", "litert"),
+        choices=tuple(EXPORT_FORMATS),
         default="saved_model",
-        help="saved_model (TF Serving, default), onnx (a .onnx file) or litert (a .tflite file)",
+        help="; ".join(f"{row.name}: {row.writes}" for row in EXPORT_FORMATS.values()),
     )
     export.add_argument(
         "--preprocessing",
