@@ -11,13 +11,25 @@ from helpers import TIMM_NAMES, count_params_without_weights, random_images
 import keras_vit
 from keras_vit.registry.variants import VARIANTS
 
-PLAIN = ["vit_ti16", "vit_s16", "vit_s32", "vit_b8", "vit_b16", "vit_b32", "vit_l16", "vit_l32", "vit_h14"]
+PLAIN = [
+    "vit_ti16",
+    "vit_s16",
+    "vit_s32",
+    "vit_s8",
+    "vit_b8",
+    "vit_b16",
+    "vit_b32",
+    "vit_l16",
+    "vit_l32",
+    "vit_h14",
+]
 
 # Exact counts at 224 px with the 1000-class head, from timm / the paper's reference code.
 REFERENCE_PARAMS = {
     "vit_ti16": 5_717_416,
     "vit_s16": 22_050_664,
     "vit_s32": 22_878_952,
+    "vit_s8": 22_055_272,
     "vit_b8": 86_576_872,
     "vit_b16": 86_567_656,
     "vit_b32": 88_224_232,

@@ -182,6 +182,7 @@ TIMM_ARCHITECTURES = {
     "vit_ti16": "vit_tiny_patch16_224",
     "vit_s16": "vit_small_patch16_224",
     "vit_s32": "vit_small_patch32_224",
+    "vit_s8": "vit_small_patch8_224",
     "vit_b8": "vit_base_patch8_224",
     "vit_b16": "vit_base_patch16_224",
     "vit_b32": "vit_base_patch32_224",

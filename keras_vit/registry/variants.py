@@ -245,6 +245,7 @@ VARIANTS: dict[str, ViTConfig] = {
         _plain("ti", 16),
         _plain("s", 16),
         _plain("s", 32),
+        _plain("s", 8),
         _plain("b", 8),
         _plain("b", 16),
         _plain("b", 32),
