@@ -85,10 +85,15 @@ class Competitor:
     label: str = ""
     backend: str = "tensorflow"  # Keras workers: KERAS_BACKEND of the worker process
     attention: str = "auto"  # keras_vit: the model's attention_implementation
+    variant: str = ""  # a worker-specific set-up, e.g. timm's "fused_adamw" (AdamW(..., fused=True))
 
     @property
-    def worker_key(self) -> tuple[str, int, str]:
-        return self.framework, self.logical_cpus, self.backend
+    def worker_key(self) -> tuple:
+        """Competitors with one key share a worker process. Each timm + torch.compile set-up gets a
+        process of its own: on an H200 (2026-11-28) the second compiled set-up in one process ran
+        5-16% slower than in a fresh one (B/16 fused AdamW 2,679 after foreach vs 3,088 first)."""
+        separate = (self.jit, self.variant) if self.framework == "timm" and self.jit else ()
+        return (self.framework, self.logical_cpus, self.backend, *separate)
 
 
 COMPETITORS: dict[str, Competitor] = {
@@ -299,7 +304,14 @@ def _predict_case(host_dtype: str) -> Case:
     )
 
 
-GPU_MODEL_PEERS = ("keras_vit_jax", "keras_vit_torch", "keras_hub_jax", "timm", "timm_compiled")
+GPU_MODEL_PEERS = (
+    "keras_vit_jax",
+    "keras_vit_torch",
+    "keras_hub_jax",
+    "timm",
+    "timm_compiled",
+    "timm_compiled_fused",
+)
 ATTENTION_PEERS = ("keras_vit_jax_plain", "keras_vit_jax_fused", "keras_vit_jax_fused_padded")
 # In the order they run: what issue 26's targets need first.
 GPU_CASES: dict[str, Case] = {
@@ -348,6 +360,18 @@ GPU_COMPETITORS: dict[str, Competitor] = {
         ),
         COMPETITORS["timm"],
         Competitor("timm_compiled", "timm", "timm", jit=True, label="timm + torch.compile", backend="torch"),
+        # The fastest stock timm set-up for training: the compiled model and AdamW's fused CUDA kernel
+        # (`torch.optim.AdamW(..., fused=True)`) instead of the default multi-tensor (foreach) one.
+        # For inference it is timm_compiled (no optimizer): only training cases run it.
+        Competitor(
+            "timm_compiled_fused",
+            "timm",
+            "timm",
+            jit=True,
+            label="timm + torch.compile, fused AdamW",
+            backend="torch",
+            variant="fused_adamw",
+        ),
         Competitor(
             "keras_hub_jax", "keras_hub", "keras_hub_jax", jit=True, label="keras_hub JAX", backend="jax"
         ),
@@ -366,30 +390,50 @@ GPU_COMPETITORS: dict[str, Competitor] = {
 TORCH_COMPILED_CASES = ("train_b16_bf16_bs64", "train_s16_bf16_bs128")
 
 
-# What issue 26's targets need (the first of two device calls of under 10 minutes each; the
-# second, part "rest", runs every other pair).
-TARGET_CASES = (
-    "matmul_bf16_8192",
-    "train_b16_bf16_bs64",
-    "train_s16_bf16_bs128",
-    "infer_b16_bf16_bs256",
-    "predict_b16_bf16_float32",
-    "predict_b16_bf16_uint8",
-)
-TARGET_COMPETITORS = ("keras_vit_jax", "timm", "timm_compiled", "keras_vit_torch")
-GPU_PARTS = ("targets", "rest")
+# The GPU mode in parts, each one device call of under 8 minutes (`gpu.py --part NAME`, its default
+# budget `PART_BUDGET` s): every part starts with the chip's bf16 matmul rate (and the TF32 rate
+# where it has float32 cases), then gives each of its cases to every competitor that runs it
+# (`None`: all of `GPU_MODEL_PEERS`). Sized from the compile times seen on an H200 (2026-11-28:
+# 15-35 s per Keras-on-JAX case, 40-60 s per timm + torch.compile case).
+GPU_PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
+    "b16_train": (("matmul_bf16_8192", "train_b16_bf16_bs64"), None),
+    "s16_train": (("matmul_bf16_8192", "train_s16_bf16_bs128"), None),
+    "l16_train": (("matmul_bf16_8192", "train_l16_bf16_bs32"), None),
+    "b16_384": (("matmul_bf16_8192", "train_b16_384_bf16_bs32", "infer_b16_384_bf16_bs64"), None),
+    "inference": (
+        (
+            "matmul_bf16_8192",
+            "matmul_tf32_8192",
+            "infer_b16_bf16_bs256",
+            "infer_b16_fp32_bs64",
+            "predict_b16_bf16_float32",
+            "predict_b16_bf16_uint8",
+        ),
+        None,
+    ),
+    # The attention policy's evidence and Keras's jit_compile=True on torch.
+    "attention": (
+        ("matmul_bf16_8192", *ATTENTION_CASES, *TORCH_COMPILED_CASES),
+        ("keras_vit_jax", *ATTENTION_PEERS, "keras_vit_torch_compiled"),
+    ),
+}
+PART_BUDGET = 450
 
 
 def gpu_plan(
     cases: list[str] | None = None, competitors: list[str] | None = None, part: str | None = None
 ) -> list[tuple[str, str]]:
     """`(competitor, case)` pairs of the GPU mode, competitor by competitor (`GPU_COMPETITORS`'
-    order), each competitor's cases in `GPU_CASES`' order; `part` keeps the pairs of issue 26's
-    targets ("targets") or the others ("rest")."""
+    order), each competitor's cases in `GPU_CASES`' order; `part` keeps the pairs of one of
+    `GPU_PARTS` (of those, `cases` and `competitors` narrow it further)."""
     if part is not None:
-        targets = gpu_plan(list(TARGET_CASES), list(TARGET_COMPETITORS))
+        part_cases, part_competitors = GPU_PARTS[part]
         pairs = gpu_plan(cases, competitors)
-        return [pair for pair in pairs if (pair in targets) == (part == "targets")]
+        if part_competitors is None:  # the model peers, not the attention or torch-compiled ones
+            part_competitors = tuple(
+                name for name in GPU_COMPETITORS if name not in (*ATTENTION_PEERS, "keras_vit_torch_compiled")
+            )
+        return [pair for pair in pairs if pair[1] in part_cases and pair[0] in part_competitors]
     plan = []
     for competitor in competitors or list(GPU_COMPETITORS):
         for name, case in GPU_CASES.items():
@@ -397,6 +441,8 @@ def gpu_plan(
                 runs = name in ATTENTION_CASES
             elif competitor == "keras_vit_torch_compiled":
                 runs = name in TORCH_COMPILED_CASES
+            elif competitor == "timm_compiled_fused":
+                runs = case.kind == "train"
             else:
                 runs = competitor in case.competitors
             if runs and (cases is None or name in cases):

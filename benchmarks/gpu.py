@@ -2,19 +2,21 @@
 
     bash benchmarks/gpu/run_gpu.sh                  # on the GPU machine: one device call, < 10 min
     bash benchmarks/gpu/run_gpu.sh --rehearse       # on a CPU: test-size models, TensorFlow blocked
-    python benchmarks/gpu.py --output DIR [--budget 480] [--tiny] [--part targets|rest] [--cases ...]
+    python benchmarks/gpu.py --output DIR [--budget 450] [--tiny] [--part NAME] [--cases ...]
         [--competitors ...]
     python benchmarks/gpu.py --report DIR/gpu_results.json      # the markdown table again
 
-What runs: `cases.GPU_CASES` for `cases.GPU_COMPETITORS`, in `cases.gpu_plan` order (the cases
-issue 26's targets need first). One `worker.py` process per competitor's library and backend,
-started when its turn comes and closed after it (keras_vit on JAX and its attention variants
-share one), so that no idle process holds GPU memory; TensorFlow is never imported (the GPU
-machines have none). Each case: `--warmup` untimed calls (tracing, XLA or inductor
-compilation), then `--rounds` measurements of at least `--min-time` s each; images/s is their
-median. Calls and inputs are `worker.py`'s (inputs already on the GPU; the result fetched to the
-host every call), except the "predict" cases, which time Keras's `model.predict` of NumPy
-images (float32, or uint8 to a model built with `image_dtype="uint8"`).
+What runs: `cases.GPU_CASES` for `cases.GPU_COMPETITORS`, in `cases.gpu_plan` order; `--part` one of
+`cases.GPU_PARTS` (b16_train, s16_train, l16_train, b16_384, inference, attention), each sized for
+one device call of under 8 minutes: every case of a part reaches every competitor. One `worker.py`
+process per competitor's library and backend, started when its turn comes and closed after it
+(keras_vit on JAX and its attention variants share one), so that no idle process holds GPU memory;
+TensorFlow is never imported (the GPU machines have none). Each case: `--warmup` untimed calls
+(tracing, XLA or inductor compilation), then `--rounds` measurements of at least `--min-time` s
+each; images/s is their median. Calls and inputs are `worker.py`'s (inputs already on the GPU; the
+result fetched to the host every call; training: the last step's loss after the last step, no host
+sync per step, for Keras's `fit` and timm alike), except the "predict" cases, which time Keras's
+`model.predict` of NumPy images (float32, or uint8 to a model built with `image_dtype="uint8"`).
 
 Deadlines: the whole run stops after `--budget` seconds. Each competitor gets a share of the
 time left when its turn comes (`SHARES`, what it did not use passes on), each case at most
@@ -24,7 +26,9 @@ appended as one JSON line to `DIR/gpu_results.jsonl` at once; at the end `DIR/gp
 holds them all with the GPU, versions, date, command, each step's TFLOP/s (FLOPs from
 `cases.py`) as a share of the bf16 (and for float32 cases the TF32) matmul rate measured in the
 same run, the ratios to timm, and per worker the count of ERROR lines in its log (Keras's
-cuDNN try-and-fall-back would print them).
+cuDNN try-and-fall-back would print them). The jsonl's first line (`"event": "start"`) holds the
+GPU and the command, and one `"event": "worker"` line per worker its versions (torch's CUDA and
+cuDNN, JAX's devices), so a run cut short still says where it ran.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import sys
 import tempfile
 import time
 
-from cases import GPU_CASES, GPU_COMPETITORS, GPU_PARTS, gpu_plan, lookup_case
+from cases import GPU_CASES, GPU_COMPETITORS, GPU_PARTS, PART_BUDGET, gpu_plan, lookup_case
 from run import Worker, WorkerError, cpu_model
 
 # Relative time shares of the competitors (of the time left when each one's turn comes).
@@ -54,6 +58,7 @@ SHARES = {
     "keras_vit_jax_fused_padded": 2,
     "timm": 3,
     "timm_compiled": 7,
+    "timm_compiled_fused": 4,  # the compiled model again: inductor's caches make it quicker
     "keras_hub_jax": 4,
     "keras_vit_torch": 3,
     "keras_vit_torch_compiled": 3,
@@ -64,7 +69,9 @@ LOG_TAIL_LINES = 40
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default=None, help="folder of the results (default: results/gpu-<date>)")
-    parser.add_argument("--budget", type=float, default=480, help="seconds for the whole run")
+    parser.add_argument(
+        "--budget", type=float, default=PART_BUDGET, help=f"seconds for the whole run (default {PART_BUDGET})"
+    )
     parser.add_argument("--case-timeout", type=float, default=240, help="seconds for one case's set-up")
     parser.add_argument("--cases", nargs="+", choices=sorted(GPU_CASES), metavar="CASE", help="default: all")
     parser.add_argument(
@@ -72,8 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--part",
-        choices=GPU_PARTS,
-        help="issue 26's target pairs, or the rest: two device calls (default: all)",
+        choices=list(GPU_PARTS),
+        help="one part of the plan, sized for one device call (default: all)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds per measurement, at least")
@@ -99,15 +106,21 @@ def gpu_info() -> dict:
 class GpuRun:
     """The plan, its workers and its results, written as they come."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, machine: dict, command: str):
         self.args = args
         self.log_dir = tempfile.mkdtemp(prefix="keras_vit_gpu_logs_")
         self.lines = open(os.path.join(args.output, "gpu_results.jsonl"), "a")
+        self.event({"event": "start", "machine": machine, "command": command, "part": args.part})
         self.results: list[dict] = []
         self.versions: dict[str, dict] = {}
         self.logs: dict[str, str] = {}  # worker name -> log path
         self.worker: Worker | None = None
         self.worker_key: tuple | None = None
+
+    def event(self, entry: dict) -> None:
+        """A line of the jsonl that is not a result (where the run is, which versions)."""
+        self.lines.write(json.dumps(entry) + "\n")
+        self.lines.flush()
 
     def record(self, entry: dict) -> None:
         self.results.append(entry)
@@ -145,6 +158,7 @@ class GpuRun:
             self.worker, self.worker_key = worker, competitor.worker_key
             family = f"{competitor.framework}-{competitor.backend}"
             self.versions[family] = worker.hello["versions"]
+            self.event({"event": "worker", "family": family, "versions": worker.hello["versions"]})
             self.logs.setdefault(family, worker.log_path)
             print(f"  started the {family} worker (import {worker.hello['import_s']:.1f} s)", flush=True)
         return self.worker
@@ -165,6 +179,7 @@ class GpuRun:
                 case=case_name,
                 jit=competitor.jit,
                 attention=competitor.attention,
+                variant=competitor.variant,
                 warmup=max(1, self.args.warmup),
                 max_call=self.args.case_timeout,
             )
@@ -183,6 +198,7 @@ class GpuRun:
                     case=case_name,
                     jit=competitor.jit,
                     attention=competitor.attention,
+                    variant=competitor.variant,
                     calls=calls,
                 )
                 if not measured["ok"]:
@@ -242,7 +258,7 @@ def summarise(results: list[dict]) -> dict:
             entry["share_of_bf16_matmul"] = entry["tflops"]["median"] / rates["bf16"]
         if case.precision == "float32" and rates["tf32"]:
             entry["share_of_tf32_matmul"] = entry["tflops"]["median"] / rates["tf32"]
-        for reference in ("timm", "timm_compiled"):
+        for reference in ("timm", "timm_compiled", "timm_compiled_fused"):
             other = by_case[entry["case"]].get(reference, {})
             if "images_per_s" in other and reference != entry["competitor"]:
                 entry[f"ratio_to_{reference}"] = (
@@ -282,8 +298,8 @@ def table(record: dict) -> str:
         cells.setdefault(entry["case"], {})[entry["competitor"]] = text
     lines = [
         "| case | " + " | ".join(GPU_COMPETITORS[name].label for name in names) + " | keras_vit JAX / timm "
-        "| / timm compiled | keras_vit JAX TFLOP/s (share of bf16 matmul) |",
-        "|---|" + "---:|" * (len(names) + 3),
+        "| / timm compiled | / timm compiled, fused AdamW | keras_vit JAX TFLOP/s (share of bf16 matmul) |",
+        "|---|" + "---:|" * (len(names) + 4),
     ]
     for case_name, row in cells.items():
         ours = next(
@@ -291,7 +307,8 @@ def table(record: dict) -> str:
             {},
         )
         ratios = [
-            f"{ours[key]:.2f}×" if key in ours else "–" for key in ("ratio_to_timm", "ratio_to_timm_compiled")
+            f"{ours[key]:.2f}×" if key in ours else "–"
+            for key in ("ratio_to_timm", "ratio_to_timm_compiled", "ratio_to_timm_compiled_fused")
         ]
         share = (
             f"{ours['tflops']['median']:.0f} ({100 * ours['share_of_bf16_matmul']:.0f}%)"
@@ -326,16 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     os.makedirs(args.output, exist_ok=True)
     machine = {**gpu_info(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    command = shlex.join(["python", "benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)])
     print(
         f"{machine.get('gpu') or 'no GPU'}; budget {args.budget:.0f} s; results in {args.output}", flush=True
     )
-    run = GpuRun(args)
+    run = GpuRun(args, machine, command)
     run.run()
     record = {
         "machine": machine,
         "date": started.isoformat(timespec="seconds"),
         "duration_s": (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(),
-        "command": shlex.join(["python", "benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": command,
+        "part": args.part,
         "settings": {
             key: getattr(args, key)
             for key in ("budget", "case_timeout", "rounds", "min_time", "warmup", "tiny")

@@ -10,13 +10,15 @@ the backend-neutral `KerasWorker` on JAX and PyTorch (torch imported before kera
 never). The worker then answers one JSON request per line with one JSON reply per line,
 `{"ok": true, ...}` or `{"ok": false, "error": ...}`:
 
-* `{"op": "setup", "case": NAME, "jit": bool, "warmup": n, "max_call": s[, "attention": A]}`
-  builds the case's model (random weights; keras_vit with `attention_implementation=A`) and
+* `{"op": "setup", "case": NAME, "jit": bool, "warmup": n, "max_call": s[, "attention": A]
+  [, "variant": V]}` builds the case's model (random weights; keras_vit with
+  `attention_implementation=A`; timm with V = "fused_adamw": `AdamW(..., fused=True)`) and
   inputs, runs `warmup` (>= 1) untimed calls (the first traces and compiles) and times one
   more: reply `first_s`, `call_s` (the last), `params`, `setup_s`. A call after the first
   that takes over `max_call` seconds ends the warm-up with `too_slow` (e.g. bfloat16 on a CPU
   without bfloat16 instructions): no rounds for it.
-* `{"op": "measure", "case": NAME, "jit": bool, "calls": n}`: `seconds` for n calls.
+* `{"op": "measure", "case": NAME, "jit": bool, "calls": n[, "attention": A][, "variant": V]}`:
+  `seconds` for n calls.
 * `{"op": "first_call", "case": NAME}`: `seconds` to build the model and predict once.
 * `{"op": "quit"}`.
 
@@ -29,8 +31,10 @@ Training, Keras: `model.compile(AdamW, sparse cross-entropy from logits, jit_com
 then on TensorFlow the compiled `model.train_function` (what `model.fit` runs per step) on an
 endless tf.data stream of one fixed batch, on JAX and torch `model.fit` of a generator of one
 fixed batch (the same step), loss fetched at the end; timm: zero_grad, forward (autocast for
-bfloat16), `F.cross_entropy`, backward, `AdamW.step()`, loss fetched. Both AdamW with
-lr 1e-3, weight decay 0.05, no clipping. Matmul: `MATMUL_SIZE`² operands, eager
+bfloat16), `F.cross_entropy`, backward, `AdamW.step()`, the last call's loss fetched after the
+last call (as Keras's `fit`: no host sync per step). Both AdamW with lr 1e-3, weight decay 0.05,
+no clipping; timm's AdamW is torch's default (foreach: multi-tensor kernels on CUDA) or, with
+the variant "fused_adamw", `fused=True` (one fused CUDA kernel). Matmul: `MATMUL_SIZE`² operands, eager
 `tf.linalg.matmul` / `torch.matmul`, synchronised after the last call. Pipeline: a fresh
 iterator over `keras_vit.data.tfdata.train_pipeline` per measurement, two untimed batches, then
 `calls` timed batches. Bfloat16 in Keras is the `mixed_bfloat16` policy (float32 variables
@@ -39,9 +43,10 @@ and head); in torch, autocast.
 On a GPU (the GPU mode, `gpu.py`: cases of `cases.GPU_CASES`, `--tiny` for their test-size
 versions) the same calls run there: Keras places tensors on the GPU itself; timm's model and
 batch are moved to CUDA, float32 matmuls may use TF32 (`torch.set_float32_matmul_precision
-("high")`, JAX's default on a GPU), and every call's result is fetched to the host. timm with
-`jit` is `torch.compile(model)`. A "predict" case times Keras's `model.predict` of a NumPy
-batch (host copies included); matmuls are `GPU_MATMUL_SIZE`² there, also in JAX.
+("high")`, JAX's default on a GPU), and every inference call's result is fetched to the host
+(training: the last step's loss, after the last step). timm with `jit` is
+`torch.compile(model)`. A "predict" case times Keras's `model.predict` of a NumPy batch (host
+copies included); matmuls are `GPU_MATMUL_SIZE`² there, also in JAX.
 
 The protocol has the original stdout to itself: file descriptor 1 is pointed at stderr, so
 library prints cannot corrupt it. The worker dies with its parent (PR_SET_PDEATHSIG).
@@ -117,6 +122,18 @@ def fit_runner(fit: Callable, x, y) -> Runner:
         return time.perf_counter() - start
 
     return run
+
+
+def torch_versions(torch) -> dict:
+    """torch's version, and on CUDA the CUDA and cuDNN versions it was built with and the GPU."""
+    versions = {"torch": torch.__version__}
+    if torch.cuda.is_available():
+        versions.update(
+            torch_cuda=torch.version.cuda,
+            torch_cudnn=torch.backends.cudnn.version(),
+            torch_device=torch.cuda.get_device_name(0),
+        )
+    return versions
 
 
 class KerasWorker:
@@ -209,11 +226,12 @@ class KerasWorker:
             "numpy": numpy.__version__,
         }
         if self.backend == "torch":
-            versions["torch"] = self.torch.__version__
+            versions.update(torch_versions(self.torch))
         elif self.backend == "jax":
             import jaxlib
 
             versions.update(jax=self.jax.__version__, jaxlib=jaxlib.__version__)
+            versions["jax_devices"] = [str(device) for device in self.jax.devices()]
         return versions
 
     def build(self, case: Case, attention: str = "auto", image_dtype: str = "float32"):
@@ -235,7 +253,9 @@ class KerasWorker:
                     num_heads=arch.num_heads,
                     mlp_dim=arch.mlp_dim,
                 )
-                config = self.library.variants.get_config(arch.base or case.arch)
+                # The public catalog (survives keras_vit's restructure); older versions: the module's.
+                catalog = getattr(self.library, "VARIANTS", None) or self.library.variants.VARIANTS
+                config = catalog[arch.base or case.arch]
                 if arch.base:
                     config = config.replace(**dims)
                 actual = tuple(getattr(config, field) for field in dims)
@@ -275,8 +295,12 @@ class KerasWorker:
             self.models[key] = self.build(case, attention)
         return self.models[key]
 
-    def runner(self, case: Case, jit: bool, attention: str = "auto") -> tuple[Runner, int | None]:
+    def runner(
+        self, case: Case, jit: bool, attention: str = "auto", variant: str = ""
+    ) -> tuple[Runner, int | None]:
         """The case's timed runner and the model's parameter count (None without a model)."""
+        if variant:
+            raise ValueError(f"The Keras workers have no variant {variant!r}.")
         if self.backend == "jax" and case.kind == "matmul":
             return self._jax_matmul_runner(case), None
         if case.kind not in ("infer", "train", "predict"):
@@ -394,8 +418,12 @@ class TensorFlowKerasWorker(KerasWorker):
     def versions(self) -> dict:
         return {"tensorflow": self.tf.__version__, **super().versions()}
 
-    def runner(self, case: Case, jit: bool, attention: str = "auto") -> tuple[Runner, int | None]:
+    def runner(
+        self, case: Case, jit: bool, attention: str = "auto", variant: str = ""
+    ) -> tuple[Runner, int | None]:
         """The case's timed runner and the model's parameter count (None without a model)."""
+        if variant:
+            raise ValueError(f"The Keras workers have no variant {variant!r}.")
         tf = self.tf
         if case.kind == "matmul":
             dtype = tf.bfloat16 if case.precision == "bfloat16" else tf.float32
@@ -528,7 +556,7 @@ class TimmWorker:
         import torchvision
 
         return {
-            "torch": self.torch.__version__,
+            **torch_versions(self.torch),
             "torchvision": torchvision.__version__,
             "timm": self.timm.__version__,
             "numpy": numpy.__version__,
@@ -553,10 +581,16 @@ class TimmWorker:
         model = self.timm.create_model(arch.timm_name, pretrained=False, num_classes=NUM_CLASSES, **options)
         return model.to(self.device)
 
-    def runner(self, case: Case, jit: bool, attention: str = "auto") -> tuple[Runner, int | None]:
+    def runner(
+        self, case: Case, jit: bool, attention: str = "auto", variant: str = ""
+    ) -> tuple[Runner, int | None]:
         torch = self.torch
         if attention != "auto":
             raise ValueError("Attention implementations are a keras_vit option.")
+        if variant not in ("", "fused_adamw"):
+            raise ValueError(f"Unknown timm variant {variant!r}.")
+        if variant and case.kind != "train":
+            raise ValueError(f"The timm variant {variant!r} is a training set-up.")
         on_cuda = self.device == "cuda"
         if case.kind == "matmul":
             dtype = torch.bfloat16 if case.precision == "bfloat16" else torch.float32
@@ -584,7 +618,11 @@ class TimmWorker:
             return timed(forward), params
         if case.kind == "train":
             model.train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+            # torch's default on CUDA is the multi-tensor (foreach) AdamW; "fused_adamw" its fused kernel.
+            fused = {"fused": True} if variant == "fused_adamw" else {}
+            optimizer = torch.optim.AdamW(
+                model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, **fused
+            )
             call = torch.compile(model) if jit else model
 
             def step():
@@ -594,9 +632,10 @@ class TimmWorker:
                 loss = torch.nn.functional.cross_entropy(logits.float(), targets)
                 loss.backward()
                 optimizer.step()
-                return loss.item()
+                return loss.detach()
 
-            return timed(step), params
+            # No host sync per step (as Keras's fit): the last step's loss is fetched after the last step.
+            return timed(step, lambda loss: loss.item()), params
         raise ValueError(f"The timm worker cannot run {case.kind!r} cases with `setup`.")
 
     def first_call(self, case: Case) -> float:
@@ -657,14 +696,15 @@ def serve(worker, replies, tiny: bool = False) -> None:
         try:
             case = lookup_case(request["case"], tiny)
             attention, jit = request.get("attention", "auto"), bool(request.get("jit", False))
+            variant = request.get("variant", "")
             key = (case.kind, case.arch, case.batch, case.precision, case.image_size, case.host_dtype)
-            key += (case.matmul_size, attention, jit)
+            key += (case.matmul_size, attention, jit, variant)
             if op == "setup":
                 start = time.perf_counter()
                 if key in prepared:
                     reply = dict(prepared[key], call_s=prepared[key]["runner"](1))
                 else:
-                    runner, params = worker.runner(case, jit, attention)
+                    runner, params = worker.runner(case, jit, attention, variant)
                     first_s = runner(1)  # tracing, XLA compilation
                     call_s = runner(1)
                     for _ in range(request["warmup"] - 1):

@@ -2,8 +2,9 @@
 # The GPU benchmark in one go (benchmarks/gpu.py; method in its docstring and benchmarks/README.md).
 #
 #   bash benchmarks/gpu/run_gpu.sh prepare          # here, with network: Keras/keras_hub wheels to .whl/
-#   bash benchmarks/gpu/run_gpu.sh --part targets   # on the GPU machine (device run, carry [".whl"]),
-#   bash benchmarks/gpu/run_gpu.sh --part rest      # then the rest in a second call (any gpu.py options)
+#   bash benchmarks/gpu/run_gpu.sh --part b16_train # on the GPU machine (device run, carry [".whl"]),
+#   ... --part s16_train | l16_train | b16_384 | inference | attention: one device call each (< 8 min;
+#   cases.GPU_PARTS; any gpu.py options)
 #   bash benchmarks/gpu/run_gpu.sh --rehearse       # on a CPU: test-size models, TensorFlow blocked
 #
 # On the GPU machine (Python 3.12 with JAX, PyTorch and timm; no TensorFlow, no Keras) the wheels
@@ -28,9 +29,9 @@ if [[ "${1:-}" == "--rehearse" ]]; then
     shift
     PYTHON=${PYTHON_REHEARSE:-python}
     SITE=$(mktemp -d)
-    # Pure-Python wheels only: optree's wheel is for the GPU machine's Python 3.12.
+    # Pure-Python wheels only: optree's (and grain's) are for the GPU machine's Python 3.12.
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
-        $(ls .whl/*.whl | grep -v optree)
+        $(ls .whl/*-py3-none-any.whl)
     export PYTHONPATH=$ROOT/benchmarks/gpu/no_tensorflow:$SITE:$ROOT
     ARGS=(--tiny --budget "${BUDGET:-300}")
 else

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 36 in one device call of under 7 minutes, in priority order, each stage under a deadline;
+# every stage writes JSON lines to the results folder as it goes, so a call cut short keeps what ran.
+#
+#   bash benchmarks/gpu/run_issue36.sh [first|second]      # on the GPU machine (wheels in .whl/)
+#   bash benchmarks/gpu/run_issue36.sh --rehearse [first|second]   # on a CPU: test-size, no TensorFlow
+#
+# first (TOTAL=405 s):
+#   1. nvidia-smi, versions;
+#   2. benchmarks/gpu_experiments.py: the chip's bf16 matmul rate in JAX, then ViT-B/16 bf16 training
+#      (batch 64: stock, erf_gelu, heads_major, plain) and inference (batch 256: the same and
+#      fused_padded), each timed and its kernels profiled (170 s; the variants in that order, stock
+#      first, so a deadline cuts the last; 2026-11-28's run had no erf_gelu yet);
+#   3. benchmarks/gpu.py: torch's matmul rates, timm eager, timm + torch.compile (foreach AdamW),
+#      timm + torch.compile with fused AdamW, keras_vit on Keras's torch backend, on the same two
+#      cases (160 s);
+#   4. benchmarks/input_probe.py: JPEG decoding + augmentation on the machine's CPUs (the rest, <= 75 s).
+# second (TOTAL=360 s): XLA flags on the stock ViT-B/16 training step (one process per flag set, 55 s
+#   each), then ViT-S/16 bf16 training (batch 128): keras_vit JAX (variants: $S16_VARIANTS, default
+#   stock), timm eager, timm + torch.compile with fused and with foreach AdamW.
+#
+# Results: $OUT (the device's returned folder) or benchmarks/results/issue36-<date>/.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+T0=$(date +%s)
+TINY=()
+PYTHON=${PYTHON:-python3}
+if [[ "${1:-}" == "--rehearse" ]]; then
+    shift
+    PYTHON=${PYTHON_REHEARSE:-python}
+    TINY=(--tiny)
+    SITE=$(mktemp -d)
+    # Pure-Python wheels only (the others are for the GPU machine's Python 3.12).
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $(ls .whl/*-py3-none-any.whl)
+    export PYTHONPATH=$ROOT/benchmarks/gpu/no_tensorflow:$SITE:$ROOT
+else
+    if ! "$PYTHON" -c "import keras" 2>/dev/null; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 2
+    fi
+    export PYTHONPATH=/tmp/site:$ROOT
+fi
+STAGE=${1:-first}
+RESULTS=${OUT:-$ROOT/benchmarks/results/issue36-$(date -u +%Y%m%d-%H%M)}
+mkdir -p "$RESULTS"
+export TF_CPP_MIN_LOG_LEVEL=3 KERAS_BACKEND=jax PYTHONUNBUFFERED=1
+left() { echo $((TOTAL - ($(date +%s) - T0))); }
+stage() {  # stage NAME SECONDS COMMAND...: at most SECONDS (and what is left of TOTAL)
+    local name=$1 seconds=$2
+    shift 2
+    local limit
+    limit=$(left)
+    ((seconds < limit)) && limit=$seconds
+    if ((limit < 15)); then
+        echo "== $name: skipped, $(left) s left" | tee -a "$RESULTS/stages.txt"
+        return
+    fi
+    echo "== $name: up to $limit s (+$(($(date +%s) - T0)) s)" | tee -a "$RESULTS/stages.txt"
+    timeout -k 5 "$limit" "$@"
+    echo "== $name: exit $? at +$(($(date +%s) - T0)) s" | tee -a "$RESULTS/stages.txt"
+}
+
+(nvidia-smi || echo "no nvidia-smi") >"$RESULTS/nvidia-smi.txt" 2>&1
+"$PYTHON" -c "import sys, jax, torch, timm, keras; print(sys.version); \
+print('jax', jax.__version__, jax.devices()); print('torch', torch.__version__, torch.version.cuda, \
+torch.backends.cudnn.version(), torch.cuda.is_available()); print('timm', timm.__version__, 'keras', \
+keras.__version__); print('tensorflow imported:', 'tensorflow' in sys.modules)" 2>&1 | tee -a "$RESULTS/nvidia-smi.txt"
+
+if [[ "$STAGE" == "first" ]]; then
+    TOTAL=${TOTAL:-405}
+    stage experiments 170 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --matmul --profile \
+        --deadline 160 --cases train_b16_bf16_bs64 infer_b16_bf16_bs256 "${TINY[@]}"
+    stage timm_and_torch 160 "$PYTHON" benchmarks/gpu.py --output "$RESULTS" --budget 150 \
+        --cases matmul_bf16_8192 matmul_tf32_8192 train_b16_bf16_bs64 infer_b16_bf16_bs256 \
+        --competitors timm timm_compiled timm_compiled_fused keras_vit_torch "${TINY[@]}"
+    LIMIT=$(($(left) - 5))
+    ((LIMIT > 75)) && LIMIT=75
+    stage input_probe $((LIMIT + 5)) "$PYTHON" benchmarks/input_probe.py --output "$RESULTS" \
+        --deadline "$LIMIT" --seconds 2.5 $([[ ${#TINY[@]} -gt 0 ]] && echo "--images 100 --workers 1 2")
+else
+    TOTAL=${TOTAL:-360}
+    for FLAGS in "--xla_gpu_enable_latency_hiding_scheduler=true" "--xla_gpu_enable_triton_gemm=false" \
+        "--xla_gpu_enable_command_buffer="; do
+        TAG=${FLAGS#--xla_gpu_}
+        XLA_FLAGS=$FLAGS stage "xla $TAG" 55 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" \
+            --deadline 50 --reserve 20 --cases train_b16_bf16_bs64 --variants stock --tag "$TAG" "${TINY[@]}"
+    done
+    # shellcheck disable=SC2086  # S16_VARIANTS: e.g. "stock heads_major"
+    stage s16 60 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --deadline 55 --reserve 20 \
+        --cases train_s16_bf16_bs128 --variants ${S16_VARIANTS:-stock} "${TINY[@]}"
+    stage s16_timm 140 "$PYTHON" benchmarks/gpu.py --output "$RESULTS" --budget 130 \
+        --cases matmul_bf16_8192 train_s16_bf16_bs128 --competitors timm timm_compiled_fused timm_compiled \
+        "${TINY[@]}"
+fi
+ls -la "$RESULTS"
+echo "done at +$(($(date +%s) - T0)) s"

@@ -1,0 +1,503 @@
+"""Issue 36's experiments on keras_vit's JAX steps, without editing keras_vit: A/B of candidate changes.
+
+    python benchmarks/gpu_experiments.py --output DIR [--cases ...] [--variants ...] [--deadline S]
+        [--profile] [--tag NAME] [--tiny]          # timings (+ kernel profiles), JSON lines
+    python benchmarks/gpu_experiments.py --check [--tiny]   # CPU: each variant against the stock model
+
+Each variant is the stock model (`keras_vit.create_model`, random weights, the GPU mode's case:
+`mixed_bfloat16`, AdamW 1e-3 / 0.05) with one change made from outside the package:
+
+* `stock`: the package as it is (`attention_implementation="auto"`: on a GPU in half precision
+  cuDNN flash attention, unpadded at inference, padded to 256 tokens while training);
+* `plain`, `fused`, `fused_padded`: the attention forced (`attention_implementation=`);
+* `heads_major`: every `MultiHeadSelfAttention` swapped for `HeadsMajorAttention` below: one
+  einsum projects the tokens to q|k|v laid out `[3, batch, heads, tokens, head_dim]`, cuDNN's
+  flash attention runs on that layout (`BNTH`; padded to a multiple of 128 tokens with
+  sequence-length masks while training, as "fused_padded"), and the output projection contracts
+  `(heads, head_dim)` straight from it. Off a GPU (or in float32) the same layout runs softmax(q kᵀ) v
+  as einsums with float32 softmax statistics, which is what `--check` compares on a CPU.
+* `erf_gelu`: the MLP's exact GELU as x·(1 + erf(x/√2))/2 computed in float32 and cast back, instead of
+  JAX's `jax.nn.gelu(approximate=False)`, x·erfc(−x/√2)/2 (erfc costs an exp and two branches per
+  element): `keras.ops.gelu` is replaced while the variant is built, traced and timed. The profile of
+  2026-11-28 (H200) has one elementwise kernel at 5.9 ms of a 23.7 ms B/16 inference call and
+  1.5 ms of a 20.7 ms training step, most likely the exact GELU (not yet measured as a variant).
+
+An XLA flag is a process-wide setting: run this script again with `XLA_FLAGS` set and `--tag`
+(the flags are recorded in every line).
+
+Timing is the GPU mode's (`worker.py`): training is Keras's `fit` of the device-resident batch
+(`compile(jit_compile=True)`), the last loss fetched after the last step; inference is `jax.jit` of
+`model.stateless_call`, the logits fetched every call. Each (case, variant): one compiling call,
+one more untimed, then `--rounds` measurements of at least `--min-time` s; images/s is their
+median and TFLOP/s uses `cases.py`'s FLOP count. Every variant model starts from the same weights
+(the stock model's, copied), so the first training step's loss and the inference logits are
+compared with the stock model's in the same run (bf16 on the GPU: `loss_vs_stock`,
+`logits_vs_stock` as relative differences). With `--profile`, a 5-step `fit` (or 5 inference
+calls) is traced with `jax.profiler` and the device's kernel times are summed per step, by kernel
+and by kind (`gpu_profile.kernel_times`, plus a finer split of XLA's fusions by what they do).
+
+`--check` (a CPU, float32, JAX matmul precision "highest"): for B/16 at 224 px (197 tokens, batch 2)
+and the test-size model at 32 and 48 px (5 and 10 tokens), each variant's logits (training=False)
+and the gradients of the training loss (training=True) against the stock model with the same
+(randomised) weights: the largest absolute difference over the largest absolute value (for the
+gradients, over all of them: some are zero in exact arithmetic, e.g. the key bias's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+from cases import GPU_CASES, lookup_case  # noqa: E402
+from worker import KerasWorker, fit_runner, random_batch, timed  # noqa: E402
+
+TRAIN_VARIANTS = ("stock", "erf_gelu", "heads_major", "plain")
+INFER_VARIANTS = ("stock", "erf_gelu", "heads_major", "plain", "fused_padded")
+VARIANTS = ("stock", "erf_gelu", "heads_major", "plain", "fused", "fused_padded")
+CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256")
+PROFILED_STEPS = 5
+# XLA's fusions by what they do (their names say it: loop_/input_ + the ops fused), after the
+# library kernels (cuDNN attention, cuBLAS GEMMs).
+FINE_KINDS = (
+    ("attention (cuDNN)", re.compile(r"fmha|flash|cudnn|sdpa|attention", re.I)),
+    ("matmul", re.compile(r"gemm|cublas|cutlass|nvjet|matmul|xmma|sm90_|triton_gemm|dot", re.I)),
+    ("transpose", re.compile(r"transpose", re.I)),
+    ("reduce (LayerNorm, bias gradients, softmax)", re.compile(r"reduce", re.I)),
+    ("pad / slice / concatenate", re.compile(r"pad|slice|concatenate|dynamic_update", re.I)),
+    ("convert (casts)", re.compile(r"convert", re.I)),
+    ("copy", re.compile(r"copy|memcpy|memset", re.I)),
+    ("other elementwise fusions", re.compile(r"fusion|loop_|input_", re.I)),
+)
+
+
+def fine_kind(name: str) -> str:
+    for kind, pattern in FINE_KINDS:
+        if pattern.search(name):
+            return kind
+    return "other"
+
+
+# --- the heads-major attention --------------------------------------------------------------------
+def heads_major_class():
+    """`HeadsMajorAttention`, a subclass of keras_vit's public `MultiHeadSelfAttention` (made on first
+    use: keras_vit and Keras are imported then, on the process's backend)."""
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    import keras_vit
+
+    class HeadsMajorAttention(keras_vit.MultiHeadSelfAttention):
+        """The same weights and values; q|k|v heads-major (`[3, B, H, N, D]`) and cuDNN on `BNTH`."""
+
+        def call(self, tokens, training=None, return_attention_scores: bool = False):
+            if return_attention_scores or self._runs_sublayers() or (training and self.dropout):
+                return super().call(
+                    tokens, training=training, return_attention_scores=return_attention_scores
+                )
+            length = tokens.shape[1]
+            dtype = self.compute_dtype
+            scale = jnp.asarray(1.0 / np.sqrt(self.head_dim), dtype)
+            pairs = ((self.query_dense, scale), (self.key_dense, 1), (self.value_dense, 1))
+            kernel = jnp.stack([jnp.asarray(d.kernel) * s for d, s in pairs], axis=1)  # (D, 3, H, hd)
+            bias = jnp.stack([jnp.asarray(d.bias) * s for d, s in pairs], axis=0)  # (3, H, hd)
+            qkv = (
+                jnp.einsum("bnd,dshk->sbhnk", jnp.asarray(tokens, dtype), kernel) + bias[:, None, :, None, :]
+            )
+            query, key, value = qkv[0], qkv[1], qkv[2]  # (B, H, N, hd), q scaled
+            half = keras.backend.standardize_dtype(dtype) in ("bfloat16", "float16")
+            if jax.default_backend() == "gpu" and half and self.head_dim % 8 == 0 and self.head_dim <= 128:
+                context = self._cudnn_bnth(query, key, value, length, bool(training))
+            else:
+                logits = jnp.einsum("bhnk,bhmk->bhnm", query, key).astype(jnp.float32)
+                weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+                context = jnp.einsum("bhnm,bhmk->bhnk", weights, value)
+            output = jnp.einsum("bhnk,hkd->bnd", context, jnp.asarray(self.output_dense.kernel))
+            return output + jnp.asarray(self.output_dense.bias)
+
+        @staticmethod
+        def _cudnn_bnth(query, key, value, length: int, training: bool):
+            from jax._src.cudnn.fused_attention_stablehlo import MaskType
+            from jax._src.cudnn.fused_attention_stablehlo import dot_product_attention as cudnn_attention
+
+            padding = (-length) % 128 if training else 0  # cuDNN's training kernel refuses 197 tokens
+            lengths, mask_type = None, MaskType.NO_MASK
+            if padding:
+                query, key, value = (
+                    jnp.pad(t, ((0, 0), (0, 0), (0, padding), (0, 0))) for t in (query, key, value)
+                )
+                lengths = jnp.full((query.shape[0],), length, jnp.int32)
+                mask_type = MaskType.PADDING
+            context = cudnn_attention(  # (query, key, value, bias, mask, q_seqlen, kv_seqlen)
+                query,
+                key,
+                value,
+                None,
+                None,
+                lengths,
+                lengths,
+                scale=1.0,
+                mask_type=mask_type,
+                qkv_layout="BNTH",
+            )
+            return context[:, :, :length] if padding else context
+
+    return HeadsMajorAttention
+
+
+def apply_variant(model, variant: str):
+    """Swap the model's attention layers' class for the variant's (in place); the model back."""
+    if variant == "heads_major":
+        import keras_vit
+
+        cls = heads_major_class()
+        swapped = 0
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if type(layer) is keras_vit.MultiHeadSelfAttention:
+                layer.__class__ = cls
+                swapped += 1
+        if not swapped:
+            raise RuntimeError("No MultiHeadSelfAttention layer to swap.")
+    return model
+
+
+@contextlib.contextmanager
+def variant_context(variant: str):
+    """What a variant changes outside the model, for as long as it is built, traced and timed."""
+    if variant != "erf_gelu":
+        yield
+        return
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    stock_gelu = keras.ops.gelu
+
+    def erf_gelu(x, approximate=True):
+        if approximate:
+            return stock_gelu(x, approximate=True)
+        x = jnp.asarray(x)
+        wide = x.astype(jnp.float32)
+        return (0.5 * wide * (1.0 + jax.lax.erf(wide * np.float32(1 / np.sqrt(2))))).astype(x.dtype)
+
+    keras.ops.gelu = erf_gelu
+    try:
+        yield
+    finally:
+        keras.ops.gelu = stock_gelu
+
+
+def attention_of(variant: str) -> str:
+    return variant if variant in ("plain", "fused", "fused_padded") else "auto"
+
+
+# --- timing -----------------------------------------------------------------------------------------
+class Experiments:
+    def __init__(self, args):
+        self.args = args
+        self.worker = KerasWorker("keras_vit", os.cpu_count(), 1, "jax")
+        self.jax, self.keras = self.worker.jax, self.worker.keras
+        self.start = time.monotonic()
+        self.lines = open(os.path.join(args.output, "gpu_experiments.jsonl"), "a")
+        self.reference: dict[str, dict] = {}  # case -> stock weights, loss, logits
+        self.write(
+            {
+                "event": "start",
+                "tag": args.tag,
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "versions": self.worker.versions(),
+                "argv": sys.argv[1:],
+            }
+        )
+
+    def write(self, entry: dict) -> None:
+        entry = {"tag": self.args.tag, "xla_flags": os.environ.get("XLA_FLAGS", ""), **entry}
+        self.lines.write(json.dumps(entry) + "\n")
+        self.lines.flush()
+        state = entry.get("error") or entry.get("skipped")
+        if "images_per_s" in entry:
+            state = f"{entry['images_per_s']['median']:.1f} images/s, {entry['tflops']:.1f} TFLOP/s"
+        elif "tflops" in entry:
+            state = f"{entry['tflops']:.1f} TFLOP/s"
+        if state:
+            print(f"  {entry.get('case', '')} {entry.get('variant', '')}: {state}", flush=True)
+
+    def left(self) -> float:
+        return self.args.deadline - (time.monotonic() - self.start)
+
+    def matmul(self) -> None:
+        case = lookup_case("matmul_bf16_8192", self.args.tiny)
+        runner = self.worker.runner(case, True)[0]
+        runner(2)
+        seconds = min(runner(10) for _ in range(3))
+        self.write(
+            {
+                "case": "matmul_bf16_8192",
+                "variant": "jax",
+                "tflops": 10 * 2 * case.matmul_size**3 / seconds / 1e12,
+            }
+        )
+
+    def measure(self, run, batch: int) -> tuple[dict, int]:
+        call_s = run(1)
+        calls = max(1, math.ceil(self.args.min_time / call_s))
+        values = [calls * batch / run(calls) for _ in range(self.args.rounds)]
+        return {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "all": values,
+        }, calls
+
+    def run_case(self, case_name: str, variant: str) -> None:
+        case = lookup_case(case_name, self.args.tiny)
+        entry = {
+            "case": case_name,
+            "variant": variant,
+            "attention": attention_of(variant),
+            "batch": case.batch,
+        }
+        if self.left() < self.args.reserve:
+            self.write({**entry, "skipped": f"deadline ({self.left():.0f} s left)"})
+            return
+        try:
+            started = time.perf_counter()
+            with variant_context(variant):
+                if case.kind == "train":
+                    result = self._train(case, case_name, variant)
+                else:
+                    result = self._infer(case, case_name, variant)
+            result["wall_s"] = time.perf_counter() - started
+        except Exception as error:  # recorded; the next variant goes on
+            message = (str(error).strip().splitlines() or [""])[0][:400]
+            self.write({**entry, "error": f"{type(error).__name__}: {message}"})
+            return
+        self.write({**entry, **result})
+
+    def _weights(self, case_name: str, model) -> str:
+        """Every variant of a case starts from the same weights: the first model's, each shifted by
+        N(0, 0.02) noise (the new head is zeros, which would make every logit and first loss equal)."""
+        reference = self.reference.get(case_name)
+        if reference is None:
+            reference = self.reference[case_name] = {"weights": randomised(model.get_weights())}
+        model.set_weights(reference["weights"])
+        return "randomised (shared by the variants)"
+
+    def _train(self, case, case_name: str, variant: str) -> dict:
+        keras, worker = self.keras, self.worker
+        model = apply_variant(worker.build(case, attention_of(variant)), variant)
+        weights = self._weights(case_name, model)
+        model.compile(
+            optimizer=keras.optimizers.AdamW(learning_rate=1e-3, weight_decay=0.05),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=True,
+        )
+        images, labels = random_batch(case.batch, case.image_size)
+        x, y = (keras.ops.convert_to_tensor(array) for array in (images, labels))
+
+        def batches():
+            while True:
+                yield x, y
+
+        start = time.perf_counter()  # the same fit as fit_runner's, one step: it compiles the step
+        history = model.fit(batches(), epochs=1, steps_per_epoch=1, verbose=0, shuffle=False)
+        first_loss = float(history.history["loss"][-1])  # the forward of the stock weights
+        first_s = time.perf_counter() - start
+        result = {"first_s": first_s, "first_loss": first_loss, "weights": weights}
+        reference = self.reference[case_name]
+        if variant == "stock" or "loss" not in reference:
+            reference.setdefault("loss", first_loss)
+        result["loss_vs_stock"] = abs(first_loss - reference["loss"]) / abs(reference["loss"])
+        run = fit_runner(model.fit, x, y)
+        result["images_per_s"], result["calls"] = self.measure(run, case.batch)
+        result["tflops"] = result["images_per_s"]["median"] * case.flops_per_image / 1e12
+        if self.args.profile and self.left() > 15:
+            result["kernels"] = self.profile(lambda: run(PROFILED_STEPS))
+        return result
+
+    def _infer(self, case, case_name: str, variant: str) -> dict:
+
+        jax = self.jax
+        model = apply_variant(self.worker.build(case, attention_of(variant)), variant)
+        weights = self._weights(case_name, model)
+        trainable = [v.value for v in model.trainable_variables]
+        non_trainable = [v.value for v in model.non_trainable_variables]
+
+        @jax.jit
+        def forward(trainable, non_trainable, x):
+            return model.stateless_call(trainable, non_trainable, x, training=False)[0]
+
+        images, _ = random_batch(case.batch, case.image_size)
+        inputs = jax.device_put(images)
+        start = time.perf_counter()
+        logits = np.asarray(forward(trainable, non_trainable, inputs)).astype("float32")
+        result = {"first_s": time.perf_counter() - start, "weights": weights}
+        reference = self.reference[case_name]
+        reference.setdefault("logits", logits)
+        scale = float(np.abs(reference["logits"]).max()) or 1.0
+        result["logits_vs_stock"] = float(np.abs(logits - reference["logits"]).max()) / scale
+        run = timed(lambda: np.asarray(forward(trainable, non_trainable, inputs)))
+        result["images_per_s"], result["calls"] = self.measure(run, case.batch)
+        result["tflops"] = result["images_per_s"]["median"] * case.flops_per_image / 1e12
+        if self.args.profile and self.left() > 15:
+            result["kernels"] = self.profile(lambda: run(PROFILED_STEPS))
+        return result
+
+    def profile(self, run) -> dict:
+        from gpu_profile import kernel_times
+
+        trace_dir = tempfile.mkdtemp(prefix="keras_vit_trace_")
+        with self.jax.profiler.trace(trace_dir):
+            run()
+        kernels = kernel_times(trace_dir, PROFILED_STEPS)
+        if "error" in kernels:
+            return kernels
+        kernels.pop("lines", None)
+        # The finer split needs every kernel, not only the top ones: read the trace once more.
+        kernels["by_fine_kind_ms_per_step"] = fine_split(trace_dir, kernels["lines_used"])
+        return kernels
+
+
+def fine_split(trace_dir: str, lines_used: list[str]) -> dict:
+    import glob
+
+    import jax
+
+    path = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0]
+    data = jax.profiler.ProfileData.from_file(path)
+    totals: collections.Counter = collections.Counter()
+    for plane in data.planes:
+        for line in plane.lines:
+            if f"{plane.name} | {line.name}" in lines_used:
+                for event in line.events:
+                    totals[fine_kind(event.name)] += event.duration_ns
+    return {kind: ns / PROFILED_STEPS / 1e6 for kind, ns in totals.most_common()}
+
+
+def randomised(weights: list) -> list:
+    rng = np.random.default_rng(0)
+    return [w + rng.normal(0, 0.02, w.shape).astype(w.dtype) for w in weights]
+
+
+# --- the CPU check ------------------------------------------------------------------------------
+def check(args) -> int:
+    """Each variant against the stock model on a CPU, float32, matmul precision "highest"."""
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    worker = KerasWorker("keras_vit", os.cpu_count(), 1, "jax")
+    keras = worker.keras
+    import dataclasses
+
+    rows = []
+    shapes = [("train_b16_bf16_bs64", 224, 2)] if not args.tiny else []
+    shapes += [("train_b16_bf16_bs64", 32, 2), ("train_b16_bf16_bs64", 48, 2)]
+    for case_name, image_size, batch in shapes:
+        case = GPU_CASES[case_name]
+        if image_size != 224:
+            case = lookup_case(case_name, tiny=True)
+        case = dataclasses.replace(case, precision="float32", batch=batch, image_size=image_size)
+        images, labels = random_batch(batch, image_size)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        results = {}
+        for variant in VARIANTS:
+            with variant_context(variant):
+                model = apply_variant(worker.build(case, attention_of(variant)), variant)
+                if variant == "stock":  # random weights everywhere (the new head is zeros), then shared
+                    weights = randomised(model.get_weights())
+                model.set_weights(weights)
+                trainable = [v.value for v in model.trainable_variables]
+                non_trainable = [v.value for v in model.non_trainable_variables]
+
+                def loss(trainable, x, y, model=model, non_trainable=non_trainable, loss_fn=loss_fn):
+                    logits, _ = model.stateless_call(trainable, non_trainable, x, training=True)
+                    return loss_fn(y, logits)
+
+                logits = model.stateless_call(trainable, non_trainable, images, training=False)[0]
+                grads = jax.grad(loss)(trainable, images, labels)
+                results[variant] = (np.asarray(logits), [np.asarray(g) for g in grads])
+        stock_logits, stock_grads = results["stock"]
+        for variant in VARIANTS[1:]:
+            logits, grads = results[variant]
+            logit_error = float(np.abs(logits - stock_logits).max() / np.abs(stock_logits).max())
+            # Over all gradients at once: some are zero in exact arithmetic (the key bias: softmax
+            # ignores a constant per query), so their own scale is rounding noise.
+            grad_scale = max(float(np.abs(g).max()) for g in stock_grads)
+            grad_error = (
+                max(float(np.abs(g - s).max()) for g, s in zip(grads, stock_grads, strict=True)) / grad_scale
+            )
+            rows.append(
+                {
+                    "variant": variant,
+                    "model": case.arch,
+                    "tokens": (image_size // 16) ** 2 + 1,
+                    "logits_rel": logit_error,
+                    "grads_rel": grad_error,
+                }
+            )
+            print(
+                f"{variant:<13} {case.arch:<9} {rows[-1]['tokens']:>4} tokens: logits {logit_error:.2e}, "
+                f"gradients {grad_error:.2e}",
+                flush=True,
+            )
+    worst = max(max(row["logits_rel"], row["grads_rel"]) for row in rows)
+    print(f"largest relative difference: {worst:.2e} ({'ok' if worst < args.tolerance else 'TOO LARGE'})")
+    if args.output:
+        os.makedirs(args.output, exist_ok=True)
+        with open(os.path.join(args.output, "cpu_check.json"), "w") as file:
+            json.dump({"rows": rows, "largest": worst, "tolerance": args.tolerance}, file, indent=1)
+    return 0 if worst < args.tolerance else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output", help="folder of gpu_experiments.jsonl (or, with --check, cpu_check.json)")
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=sorted(GPU_CASES))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, help="default: per case kind")
+    parser.add_argument("--deadline", type=float, default=300, help="seconds; later variants are skipped")
+    parser.add_argument("--reserve", type=float, default=30, help="seconds a variant needs to start")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-time", type=float, default=1.0)
+    parser.add_argument("--profile", action="store_true", help="kernel times of every variant")
+    parser.add_argument("--matmul", action="store_true", help="the chip's bf16 matmul rate first")
+    parser.add_argument("--tag", default="", help="a name for this process's settings (e.g. its XLA flags)")
+    parser.add_argument("--tiny", action="store_true", help="test-size models: a CPU rehearsal")
+    parser.add_argument("--check", action="store_true", help="CPU: each variant against the stock model")
+    parser.add_argument("--tolerance", type=float, default=1e-5)
+    args = parser.parse_args(argv)
+    if args.check:
+        return check(args)
+    if not args.output:
+        parser.error("--output is needed")
+    os.makedirs(args.output, exist_ok=True)
+    experiments = Experiments(args)
+    if args.matmul:
+        experiments.matmul()
+    # Variant by variant, each over the cases (stock first: the reference weights, loss and logits),
+    # so that a deadline cuts the least informative pairs.
+    order = ["stock", *(args.variants or [v for v in VARIANTS if v in TRAIN_VARIANTS + INFER_VARIANTS])]
+    for variant in dict.fromkeys(order):
+        for case_name in args.cases:
+            kind = GPU_CASES[case_name].kind
+            if args.variants or variant in (TRAIN_VARIANTS if kind == "train" else INFER_VARIANTS):
+                experiments.run_case(case_name, variant)
+    experiments.lines.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
