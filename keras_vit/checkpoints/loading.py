@@ -8,7 +8,7 @@ import math
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import keras
@@ -473,25 +473,57 @@ def load_checkpoint(
         )
     conversion = checkpoint.row.convert(checkpoint.flat, model_heads)
     _check_layout(model, checkpoint, conversion)
+    plan = _plan(model, checkpoint, conversion, model_heads)
+    _refuse_misfit(model, checkpoint, conversion, plan)
+    if plan.resized_pos_embed is not None:  # resampled before any weight changes, as every other value
+        value, old_grid = plan.resized_pos_embed
+        layer = model.pos_embed
+        resized = resize_pos_embed(
+            value,
+            layer.grid_size,
+            layer.num_prefix_tokens,
+            old_grid=old_grid,
+            **POS_EMBED_INTERPOLATIONS[interpolation],
+        )
+        plan.assignments.append((layer.embedding, resized.reshape(layer.embedding.shape)))
+    for variable, value in plan.assignments:  # every value checked and converted: nothing fails half-way
+        variable.assign(value)
+    for note in plan.notes:
+        warnings.warn(note, stacklevel=2)
+
+
+@dataclass
+class _Plan:
+    """What a load would assign, and everything that stops it, found before any weight changes."""
+
+    assignments: list[tuple[keras.Variable, np.ndarray]]
+    notes: list[str]  # warnings for the parts not loaded (head, pre-logits)
+    resized_pos_embed: tuple[np.ndarray, tuple[int, int]] | None = None  # (value, its grid)
+    mismatched: list[str] = field(default_factory=list)
+    unused: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)  # tensors that cannot be weights: not float, NaN/Inf
+
+
+def _plan(model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion, model_heads: int) -> _Plan:
+    """Every converted tensor matched to its weight, checked and converted (nothing assigned yet)."""
     tensors = conversion.tensors
     targets = common.model_targets(model)
     skip_head, skip_pre_logits, notes = _skipped_parts(model, tensors)
-
-    assignments = _stem_assignments(model, checkpoint)
-    resized_pos_embed: tuple[np.ndarray, tuple[int, int]] | None = None
-    mismatched, unused, problems = [], [_describe_key(key, checkpoint.flat) for key in conversion.unused], []
-    bad = []  # tensors that cannot be weights: not floating point, NaN/Inf
+    plan = _Plan(_stem_assignments(model, checkpoint), notes)
+    plan.unused = [_describe_key(key, checkpoint.flat) for key in conversion.unused]
     for name, tensor in tensors.items():
         if (name.startswith("head/") and skip_head) or (name.startswith("pre_logits/") and skip_pre_logits):
             continue
         variable = targets.get(name)
         if variable is None:
-            unused.append(_describe(tensor))
+            plan.unused.append(_describe(tensor))
             continue
         try:
             value = as_weight(tensor.source, tensor.value, variable.dtype)
         except CheckpointError as error:
-            bad.append(str(error))
+            plan.bad.append(str(error))
             continue
         expected = tuple(variable.shape)
         if (
@@ -503,67 +535,57 @@ def load_checkpoint(
             try:
                 source_grid = _source_grid(value, checkpoint, model.pos_embed)
             except CheckpointError as error:
-                problems.append(str(error))
+                plan.problems.append(str(error))
                 continue
             if source_grid != tuple(model.pos_embed.grid_size):
-                resized_pos_embed = value, source_grid
+                plan.resized_pos_embed = value, source_grid
                 continue
         if name == common.PATCH_KERNEL and value.ndim == 4 and len(expected) == 4:
             if value.shape[:2] + value.shape[3:] == expected[:2] + expected[3:]:
                 value = common.adapt_input_conv(value, expected[2])
         if tuple(value.shape) != expected:
-            mismatched.append(f"{_describe(tensor)} -> {name} {expected}")
+            plan.mismatched.append(f"{_describe(tensor)} -> {name} {expected}")
         else:
-            assignments.append((variable, value))
-    missing = [
+            plan.assignments.append((variable, value))
+    plan.missing = [
         f"{name} {tuple(variable.shape)}"
         for name, variable in targets.items()
         if name not in tensors and not (name.startswith("head/") and skip_head)
     ]
     if checkpoint.stored_heads is not None and checkpoint.stored_heads != model_heads:
-        problems.append(
+        plan.problems.append(
             f"The checkpoint has {checkpoint.stored_heads} attention heads, the model {model_heads}."
         )
+    return plan
 
-    if bad:
+
+def _refuse_misfit(model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion, plan: _Plan) -> None:
+    """One `CheckpointError` listing every tensor that cannot load, or everything that does not fit."""
+    if plan.bad:
         raise CheckpointError(
-            f"The {checkpoint.format} checkpoint {checkpoint.label} has {len(bad)} tensor(s) that cannot be "
-            "loaded (no weight of the model was changed):\n" + "\n".join(f"  {line}" for line in bad)
+            f"The {checkpoint.format} checkpoint {checkpoint.label} has {len(plan.bad)} tensor(s) that "
+            "cannot be loaded (no weight of the model was changed):\n"
+            + "\n".join(f"  {line}" for line in plan.bad)
         )
-    if mismatched or unused or missing or problems:
-        sections = [
-            f"The {checkpoint.format} checkpoint {checkpoint.label} "
-            f"({_checkpoint_summary(checkpoint, conversion)}) does not fit model {model.name!r} "
-            f"({_model_summary(model.config)}):"
-        ]
-        for title, lines in (
-            ("shapes differ (checkpoint key and shape -> model weight and shape)", mismatched),
-            ("checkpoint keys that fill no model weight", unused),
-            ("model weights the checkpoint does not fill", missing),
-            ("other problems", problems),
-        ):
-            if lines:
-                sections.append(f"  {len(lines)} {title}:\n" + "\n".join(f"    {line}" for line in lines))
-        sections.append(
-            "Build the model the checkpoint was trained for (keras_vit.inspect_checkpoint(...) describes it)."
-        )
-        raise CheckpointError("\n".join(sections))
-
-    if resized_pos_embed is not None:  # resampled before any weight changes, as every other value
-        value, old_grid = resized_pos_embed
-        layer = model.pos_embed
-        resized = resize_pos_embed(
-            value,
-            layer.grid_size,
-            layer.num_prefix_tokens,
-            old_grid=old_grid,
-            **POS_EMBED_INTERPOLATIONS[interpolation],
-        )
-        assignments.append((layer.embedding, resized.reshape(layer.embedding.shape)))
-    for variable, value in assignments:  # every value checked and converted: nothing can fail half-way
-        variable.assign(value)
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
+    if not (plan.mismatched or plan.unused or plan.missing or plan.problems):
+        return
+    sections = [
+        f"The {checkpoint.format} checkpoint {checkpoint.label} "
+        f"({_checkpoint_summary(checkpoint, conversion)}) does not fit model {model.name!r} "
+        f"({_model_summary(model.config)}):"
+    ]
+    for title, lines in (
+        ("shapes differ (checkpoint key and shape -> model weight and shape)", plan.mismatched),
+        ("checkpoint keys that fill no model weight", plan.unused),
+        ("model weights the checkpoint does not fill", plan.missing),
+        ("other problems", plan.problems),
+    ):
+        if lines:
+            sections.append(f"  {len(lines)} {title}:\n" + "\n".join(f"    {line}" for line in lines))
+    sections.append(
+        "Build the model the checkpoint was trained for (keras_vit.inspect_checkpoint(...) describes it)."
+    )
+    raise CheckpointError("\n".join(sections))
 
 
 def _describe_key(key: str, flat: Mapping[str, np.ndarray]) -> str:
