@@ -5,20 +5,5 @@ Names load on first use."""
 from keras_vit.utils.lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        name: "analysis"
-        for name in (
-            "attention_distance",
-            "attention_rollout",
-            "attention_weights",
-            "embedding_filters",
-            "mean_attention_distance",
-            "position_embedding_similarity",
-            "rollout",
-            "token_grid",
-            "uniform_attention_distance",
-        )
-    },
-    submodules=("analysis", "evaluate", "plots"),
+    __name__, {}, submodules=("analysis", "evaluate", "plots"), forward="analysis"
 )

@@ -10,15 +10,20 @@ from collections.abc import Callable, Mapping
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, str], submodules: tuple[str, ...] = ()
+    package: str, exports: Mapping[str, str], submodules: tuple[str, ...] = (), forward: str | None = None
 ) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """`(__getattr__, __dir__)` for `package`: `exports` maps a public name to its module (relative to
-    `package`), `submodules` are reachable as attributes. A loaded name is cached in the package."""
+    `package`), `submodules` are reachable as attributes, and every name in the `__all__` of the
+    submodule `forward` is offered too (looked up when first asked for). A loaded name is cached in
+    the package."""
 
     def __getattr__(name: str):
         if name in submodules:
             return importlib.import_module(f"{package}.{name}")
         module = exports.get(name)
+        if module is None and forward is not None and not name.startswith("__"):
+            if name in importlib.import_module(f"{package}.{forward}").__all__:
+                module = forward
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(f"{package}.{module}"), name)
