@@ -3,7 +3,8 @@
 The training driver reads its data here on every backend but TensorFlow (which keeps tf.data:
 `keras_vit.data.tfdata`). The names mirror `keras_vit.data.tfdata`'s, so a task calls the same functions on
 either module: `load_digits`, `from_arrays`, `from_directory` (Pillow decodes the files),
-`epoch_steps`, `train_pipeline`, `eval_pipeline`, `normalisation_for`, `is_folder_name`.
+`epoch_steps`, `train_pipeline`, `eval_pipeline`, `is_folder_name`. Which preprocessing a model
+needs (mean, std, interpolation) is the catalog's answer: `keras_vit.registry.catalog.preprocessing_for`.
 tensorflow-datasets names stay TensorFlow's (`keras_vit.data.datasets` says so).
 
 `train_pipeline` gives the same augmentation as `keras_vit.data.tfdata.train_pipeline`, in NumPy and
@@ -34,7 +35,7 @@ import numpy as np
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.data.processes import process_rows
-from keras_vit.registry.catalog import Preprocessing, model_entry, normalize
+from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS, Preprocessing, normalize
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.utils.environment import install_hint
 from keras_vit.utils.validation import check_pixel_count, one_of, optional, positive_int, positive_number
@@ -58,13 +59,11 @@ __all__ = [
     "is_folder_name",
     "list_image_folder",
     "load_digits",
-    "normalisation_for",
     "train_pipeline",
     "training_augmentation",
 ]
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
-INTERPOLATIONS = ("bilinear", "bicubic", "area", "nearest")
 # Independent random streams derived from the user's seed (as keras_vit.data.tfdata's).
 _SHUFFLE_STREAM, _AUGMENT_STREAM, _MIXUP_STREAM = 0, 1, 2
 
@@ -125,6 +124,12 @@ def checked_arrays(
     if images.dtype != np.uint8:
         if not np.issubdtype(images.dtype, np.number) or images.dtype == bool:
             raise ValueError(f"images must be numeric pixel values in [0, 255], got dtype {images.dtype}.")
+        if np.issubdtype(images.dtype, np.floating) and not np.isfinite(images).all():
+            bad = int(np.count_nonzero(~np.isfinite(images)))
+            raise ValueError(
+                f"images hold {bad} NaN or infinite pixel value(s): pixels must be finite values in "
+                "[0, 255]; fix or drop those images first."
+            )
         low, high = float(images.min()), float(images.max())
         if low < 0 or high > 255:
             raise ValueError(f"images must have pixel values in [0, 255], got [{low:g}, {high:g}].")
@@ -348,19 +353,6 @@ def is_folder_name(dataset: str | os.PathLike) -> bool:
     return os.path.exists(os.path.expanduser(dataset)) or dataset.startswith((".", "/", "~", os.sep))
 
 
-def normalisation_for(model_or_tag=None) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """`(mean, std)` a checkpoint expects, from the catalog (`keras_vit.registry.catalog`).
-
-    Accepts a full catalog tag, a model built with `pretrained=...`, or `None`; anything not
-    in the catalog gets the package default (mean = std = 0.5, inputs in [-1, 1]). The
-    same values as `Preprocessing.for_model(model_or_tag)`'s `mean` and `std`.
-    """
-    entry = model_entry(model_or_tag)
-    if entry is None:
-        return GOOGLE_MEAN, GOOGLE_STD
-    return tuple(entry.mean), tuple(entry.std)
-
-
 def epoch_steps(source, batch_size: int, steps_per_epoch: int | None = None) -> int:
     """Batches per epoch of `train_pipeline`: `steps_per_epoch`, or one pass `num_examples // batch_size`."""
     if steps_per_epoch is not None:
@@ -383,8 +375,6 @@ def _resampling(interpolation: str):
     return {
         "bilinear": Image.Resampling.BILINEAR,
         "bicubic": Image.Resampling.BICUBIC,
-        "area": Image.Resampling.BOX,
-        "nearest": Image.Resampling.NEAREST,
     }[interpolation]
 
 
@@ -549,7 +539,7 @@ def train_pipeline(
     crop_scale: tuple[float, float] | None = None,
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip: bool | None = None,
-    interpolation: str = "bilinear",
+    interpolation: str = DEFAULT_INTERPOLATION,
     mixup_alpha: float = 0.0,
     workers: int = 1,
     rows: slice | None = None,

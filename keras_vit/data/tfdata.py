@@ -19,8 +19,8 @@ of exact resume with epoch-granular backups. Nothing depends on TensorFlow's glo
 `eval_pipeline` preprocesses with a checkpoint's `keras_vit.data.preprocessing.Preprocessing` spec
 (resize, centre crop as timm's evaluation transform, normalisation), through the TensorFlow
 implementation the exported SavedModel runs: its batches equal `load_image` +
-`preprocess_input` with the same spec, exactly. `normalisation_for` reads the mean/std a
-pretrained checkpoint expects. `distribute` hands a
+`preprocess_input` with the same spec, exactly (which spec a model needs:
+`keras_vit.registry.catalog.preprocessing_for`). `distribute` hands a
 pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
 """
 
@@ -35,7 +35,6 @@ import tensorflow as tf
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.data.pyinput import (
-    INTERPOLATIONS,
     BadImageError,
     SourceInfo,
     checked_arrays,
@@ -43,10 +42,10 @@ from keras_vit.data.pyinput import (
     epoch_steps,
     is_folder_name,
     list_image_folder,
-    normalisation_for,
     training_augmentation,
 )
 from keras_vit.data.tf_preprocessing import LIBJPEG_WARNINGS, ImagePreprocessing, caught_stderr, decode_image
+from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.utils.validation import image_size as size_pair
 from keras_vit.utils.validation import positive_number
@@ -65,7 +64,6 @@ __all__ = [
     "from_tfds",
     "is_folder_name",
     "load_digits",
-    "normalisation_for",
     "train_pipeline",
     "undecodable_files",
 ]
@@ -369,7 +367,7 @@ def train_pipeline(
     crop_scale: tuple[float, float] | None = None,
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip: bool | None = None,
-    interpolation: str = "bilinear",
+    interpolation: str = DEFAULT_INTERPOLATION,
     mixup_alpha: float = 0.0,
 ) -> tf.data.Dataset:
     """Endless training batches `(float32 (B, H, W, 3), int32 (B,))`, resumable at any epoch.

@@ -43,7 +43,7 @@ import keras
 from keras_vit.checkpoints.pretrained import checkpoint_record
 from keras_vit.data.datasets import input_module, load_dataset
 from keras_vit.models.vit import build_vit, create_model
-from keras_vit.registry.catalog import model_entry
+from keras_vit.registry.catalog import preprocessing_for
 from keras_vit.registry.variants import VARIANTS, ViTConfig, model_config
 from keras_vit.training import optimization, runs
 from keras_vit.training.options import ClassifierOptions, takes_options
@@ -239,10 +239,9 @@ class ClassificationTask:
         )
 
     def _preprocessing(self, network: keras.Model) -> tuple[tuple[int, int], tuple, tuple, str]:
-        entry = model_entry(network)
-        mean, std = input_module().normalisation_for(network)
-        interpolation = (entry.interpolation if entry is not None else None) or "bilinear"
-        return tuple(network.input_shape[1:3]), mean, std, interpolation
+        """The network's size, mean, std and interpolation: the catalog's answer (`preprocessing_for`)."""
+        spec = preprocessing_for(network)
+        return spec.image_size, spec.mean, spec.std, spec.interpolation
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int):
         """tf.data batches on TensorFlow, a `keras.utils.PyDataset` elsewhere: the same plan."""
