@@ -22,7 +22,7 @@ import numpy as np
 from keras_vit.data import pyinput
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, DATASET
 
-__all__ = ["input_module", "load_dataset", "load_unlabeled"]
+__all__ = ["bad_images_record", "input_module", "load_dataset", "load_unlabeled"]
 
 
 def _folder(dataset: str | os.PathLike) -> str | None:
@@ -66,6 +66,13 @@ def input_module():
 
         return data
     return pyinput
+
+
+def bad_images_record(**sources) -> dict:
+    """The report's `{"bad_images": {split: ...}}` for the image-folder sources among `sources`
+    (what `on_bad_image` met when the files were read: `BadImages.summary`), or `{}`."""
+    record = {name: source.bad_images.summary() for name, source in sources.items() if source.bad_images}
+    return {"bad_images": record} if record else {}
 
 
 def _tfds(name: str, split: str, data_dir):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from keras_vit.utils.validation import image_size as size_pair
 __all__ = [
     "IMAGE_EXTENSIONS",
     "INTERPOLATIONS",
+    "BadImageError",
+    "BadImages",
     "BatchedImages",
     "Preprocessing",
     "Source",
@@ -84,12 +87,72 @@ class SourceInfo:
     def __repr__(self) -> str:  # the same in every process (not the functions' addresses): reports compare it
         return f"Source({self.num_examples} examples, {self.num_classes} classes)"
 
+    def images_per_class(self) -> dict[str, int] | None:
+        """`{class name: examples}` where the counts are known (the report's), else None."""
+        if self.class_counts is None:
+            return None
+        names = self.class_names or tuple(str(index) for index in range(self.num_classes))
+        return dict(zip(names, self.class_counts, strict=True))
+
     def missing_classes(self) -> list[str]:
         """The classes with no example (by name where known), or `[]` if unknown or none."""
         if self.class_counts is None:
             return []
         names = self.class_names or tuple(str(index) for index in range(self.num_classes))
         return [name for name, count in zip(names, self.class_counts, strict=True) if count == 0]
+
+
+class BadImageError(ValueError):
+    """Image files or class folders of a dataset folder that cannot be used (the message names them)."""
+
+
+_SKIP_ADVICE = "or skip such files (on_bad_image='skip', keras-vit --on-bad-image skip)"
+
+
+class BadImages:
+    """An image folder's `on_bad_image` policy, applied when a file is read, and what it met.
+
+    `"stop"`: a file that fails to decode raises `BadImageError` naming it. `"skip"`: the file
+    is recorded (`files`: path -> why), one warning names it, and the reader carries on without
+    it. Readers that cannot name what they skipped (tf.data) add a counter (`add_counter`).
+    `summary()` is what the run's report says. Thread-safe (reader threads share it).
+    """
+
+    def __init__(self, root: str, action: str):
+        self.root, self.action = root, one_of("on_bad_image", action, BAD_IMAGE_ACTIONS)
+        self.files: dict[str, str] = {}
+        self.indices: set[int] = set()
+        self.reads = 0
+        self._counters: list[Callable[[], int]] = []
+        self._lock = threading.Lock()
+
+    def met(self, path: str, index: int, reason: str) -> None:
+        """File `path` (example `index`) failed to decode when read, for `reason`."""
+        if self.action == "stop":
+            raise BadImageError(
+                f"Image file {path} cannot be read ({reason}): remove or replace it, {_SKIP_ADVICE}."
+            )
+        with self._lock:
+            new = path not in self.files
+            self.files[path] = reason
+            self.reads += 1
+            self.indices.add(index)
+        if new:
+            warnings.warn(f"Skipped image file {path}, which cannot be read ({reason}).", stacklevel=2)
+
+    def add_counter(self, counter: Callable[[], int]) -> None:
+        """Count skips that a reader sees but cannot name (`counter()`: how many so far)."""
+        self._counters.append(counter)
+
+    @property
+    def count(self) -> int:
+        """How many reads were skipped (a file is read once per pass): named and counted ones."""
+        return self.reads + sum(int(counter()) for counter in self._counters)
+
+    def summary(self) -> dict:
+        """The report's record: the policy, how many reads were skipped, the files named (tf.data
+        names none: `keras_vit.data.tfdata.undecodable_files` does)."""
+        return {"on_bad_image": self.action, "reads_skipped": self.count, "files": sorted(self.files)}
 
 
 @dataclass(frozen=True, repr=False)
@@ -109,6 +172,18 @@ class Source(SourceInfo):
     files: tuple[str, ...] | None = None
     crop_scale: tuple[float, float] = (0.08, 1.0)
     flip: bool = True
+    bad_images: BadImages | None = None  # a folder's policy for files that fail to decode when read
+
+    def load(self, index: int) -> tuple[np.ndarray, int] | None:
+        """`read(index)`, or None for a folder's file that fails to decode (`bad_images` decides:
+        stop naming it, or skip it counted)."""
+        if self.bad_images is None:
+            return self.read(index)
+        try:
+            return self.read(index)
+        except Exception as error:  # anything a damaged file makes Pillow raise
+            self.bad_images.met(self.files[index], index, f"{type(error).__name__}: {error}")
+            return None
 
 
 def checked_arrays(
@@ -202,35 +277,62 @@ def image_problem(path: str, max_pixels: int | None) -> str | None:
     return None
 
 
-class BadImageError(ValueError):
-    """Image files of a dataset folder that cannot be read (the message names them)."""
-
-
 def _bad_image_message(root: str, bad: list[tuple[str, str]], total: int) -> str:
     shown = "; ".join(f"{path} ({reason})" for path, reason in bad[:5])
     more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
     return f"{len(bad)} of the {total} image files in {root} cannot be read: {shown}{more}."
 
 
-def list_image_folder(
-    root: str,
-    on_bad_image: str,
-    max_pixels: int | None,
-    decode_problems: Callable[[list[str]], dict[str, str]],
-) -> tuple[list[str], list[int], list[str]]:
-    """The readable image files of a class-per-folder `root`: `(paths, labels, class_names)`.
+def _class_folders(root: str, on_bad_image: str) -> list[str]:
+    """The class folders of `root` (sub-folders, alphanumeric order) that hold images and are their own.
 
-    Classes are the sub-folders in alphanumeric order; images the files below each (searched
-    recursively) with an `IMAGE_EXTENSIONS` extension, in sorted order. Every file is checked
-    by `image_problem`, then decoded once by `decode_problems` (the reader's own decoder:
-    `{path: why}` of the files it cannot decode). `on_bad_image="stop"` raises
-    `BadImageError` naming the bad files, `"skip"` leaves them out with one warning.
+    A class folder that resolves to another class's folder (a link to it, into it or over it:
+    its images would be trained under two labels) or that holds no image file (a class that can
+    never be learned) is refused, or with `on_bad_image="skip"` left out with one warning.
+    """
+    names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    real = {name: os.path.realpath(os.path.join(root, name)) for name in names}
+
+    def overlaps(name: str, other: str) -> bool:
+        mine, theirs = real[name], real[other]
+        return mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep)
+
+    problems = {}
+    for name in names:
+        others = [other for other in names if other != name and overlaps(name, other)]
+        if others and os.path.islink(os.path.join(root, name)):
+            problems[name] = f"resolves to {real[name]}, the folder of class {others[0]!r}"
+        elif not any(
+            file.lower().endswith(IMAGE_EXTENSIONS) for _, _, files in os.walk(real[name]) for file in files
+        ):
+            problems[name] = "holds no image file"
+    if problems and len(problems) < len(names):
+        listed = "; ".join(f"{name!r} {why}" for name, why in problems.items())
+        if on_bad_image == "stop":
+            raise BadImageError(
+                f"Class folders of {root} that cannot be a class: {listed}. Remove them, {_SKIP_ADVICE}."
+            )
+        warnings.warn(f"Skipped class folders of {root}: {listed}.", stacklevel=4)
+    return [name for name in names if name not in problems]
+
+
+def list_image_folder(
+    root: str, on_bad_image: str, max_pixels: int | None
+) -> tuple[list[str], list[int], list[str]]:
+    """The image files of a class-per-folder `root` that pass a header check: `(paths, labels, class_names)`.
+
+    Classes are the sub-folders in alphanumeric order (`_class_folders`: each its own and not
+    empty); images the files below each (searched recursively) with an `IMAGE_EXTENSIONS`
+    extension, in sorted order. Nothing is decoded: every file gets `image_problem`'s header
+    check only (thousands of files a second); a file that fails to decode later is handled
+    when read (`BadImages`). `on_bad_image="stop"` raises `BadImageError` naming the bad files,
+    `"skip"` leaves them out with one warning.
     """
     on_bad_image = one_of("on_bad_image", on_bad_image, BAD_IMAGE_ACTIONS)
     max_pixels = optional(positive_int, "max_pixels", max_pixels)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"Image folder {root!r} does not exist.")
-    class_names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    class_names = _class_folders(root, on_bad_image)
     paths, labels = [], []
     for label, name in enumerate(class_names):
         for folder, _, files in sorted(os.walk(os.path.join(root, name))):
@@ -244,12 +346,9 @@ def list_image_folder(
             f"{'/'.join(IMAGE_EXTENSIONS)} files, e.g. {root}/cat/1.jpg, {root}/dog/2.jpg."
         )
     bad = [(file, problem) for file in paths if (problem := image_problem(file, max_pixels)) is not None]
-    unread = {file for file, _ in bad}
-    bad = sorted(bad + list(decode_problems([file for file in paths if file not in unread]).items()))
     if bad and on_bad_image == "stop":
         raise BadImageError(
-            f"{_bad_image_message(root, bad, len(paths))} Remove or replace them, or skip them "
-            "(on_bad_image='skip', keras-vit --on-bad-image skip)."
+            f"{_bad_image_message(root, bad, len(paths))} Remove or replace them, {_SKIP_ADVICE}."
         )
     if bad:
         warnings.warn(f"Skipped: {_bad_image_message(root, bad, len(paths))}", stacklevel=3)
@@ -269,33 +368,33 @@ def _decode_file(path: str) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
-def _pillow_decode_problems(paths: list[str]) -> dict[str, str]:
-    problems = {}
-    for path in paths:
-        try:
-            _decode_file(path)
-        except Exception as error:  # anything a damaged file makes Pillow raise
-            problems[path] = f"{type(error).__name__}: {error}"
-    return problems
-
-
 def from_directory(
     path: str | os.PathLike, *, on_bad_image: str = BAD_IMAGE_ACTIONS[0], max_pixels: int | None = MAX_PIXELS
 ) -> Source:
     """A source over an image folder with one sub-folder per class, decoded by Pillow when read.
 
     The same files, classes, checks and `on_bad_image` choices as `keras_vit.data.tfdata.from_directory`
-    (`list_image_folder`); every file is decoded once by Pillow first.
+    (`list_image_folder`: a header check of each file, nothing decoded); a file that fails to
+    decode when read is handled then (`BadImages`: stop naming it, or skip it counted).
     """
     root = os.fspath(path)
-    paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels, _pillow_decode_problems)
+    paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels)
 
     def read(index: int) -> tuple[np.ndarray, int]:
         return _decode_file(paths[index]), labels[index]
 
     counts = tuple(labels.count(label) for label in range(len(class_names)))
     label_array = np.asarray(labels, dtype="int32")
-    return Source(len(paths), len(class_names), tuple(class_names), read, label_array, counts, tuple(paths))
+    return Source(
+        len(paths),
+        len(class_names),
+        tuple(class_names),
+        read,
+        label_array,
+        counts,
+        tuple(paths),
+        bad_images=BadImages(root, on_bad_image),
+    )
 
 
 def digits_arrays(test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -473,8 +572,17 @@ class TrainBatches(keras.utils.PyDataset):
 
     def example(self, position: int) -> tuple[np.ndarray, int]:
         """Example `position` of the endless stream, augmented and normalised."""
-        pass_index, offset = divmod(position, self.source.num_examples)
-        image, label = self.source.read(int(self._order(pass_index)[offset]))
+        count = self.source.num_examples
+        pass_index, offset = divmod(position, count)
+        order = self._order(pass_index)
+        # A file skipped when read (`Source.load`) gives its place to the next readable one of the pass.
+        loaded = next(
+            filter(None, (self.source.load(int(order[(offset + step) % count])) for step in range(count))),
+            None,
+        )
+        if loaded is None:
+            raise BadImageError(f"No image of the source can be read: {self.source.bad_images.summary()}.")
+        image, label = loaded
         rng = np.random.default_rng([self.seed, _AUGMENT_STREAM, pass_index, offset])
         height, width = image.shape[:2]
         box = (0, 0, height, width)
@@ -597,7 +705,12 @@ class BatchedImages(keras.utils.PyDataset):
         indices = indices[process_rows(len(indices))]
         images, labels = [], []
         for example in indices:
-            image, label = self.source.read(example)
+            loaded = self.source.load(example)
+            if loaded is None:  # skipped (`Source.load`): a blank in its place, left out of the metrics
+                images.append(np.zeros((*self.spec.image_size, 3), "float32"))
+                labels.append(int(self.source.labels[example]))
+                continue
+            image, label = loaded
             box = (0, 0, *image.shape[:2])
             images.append(np.round(_resize(image, box, self.spec.image_size, self.resample)))
             labels.append(label)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import keras
 import numpy as np
 
-from keras_vit.data.datasets import input_module, load_unlabeled
+from keras_vit.data.datasets import bad_images_record, input_module, load_unlabeled
 from keras_vit.registry.variants import ViTConfig, model_config
 from keras_vit.training import runs
 from keras_vit.training.masked_patch import (
@@ -200,6 +200,7 @@ class MaskedPatchTask:
                 "dataset": runs.describe(self.dataset),
                 "train_examples": self.source.num_examples,
                 "labels_used": False,
+                **bad_images_record(train=self.source),
             },
             "hyperparameters": {
                 **self.schedule,
