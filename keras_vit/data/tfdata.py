@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import tensorflow as tf
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.data.pyinput import (
@@ -48,8 +47,11 @@ from keras_vit.data.pyinput import (
 from keras_vit.data.tf_preprocessing import ImagePreprocessing, decode_image
 from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
+from keras_vit.utils.environment import import_tensorflow
 from keras_vit.utils.validation import image_size as size_pair
 from keras_vit.utils.validation import positive_number
+
+tf = import_tensorflow("keras_vit.data.tfdata (the tf.data input)")
 
 __all__ = [
     "BAD_IMAGE_ACTIONS",
