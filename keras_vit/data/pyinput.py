@@ -9,8 +9,9 @@ tensorflow-datasets names stay TensorFlow's (`keras_vit.data.datasets` says so).
 
 `train_pipeline` gives the same augmentation as `keras_vit.data.tfdata.train_pipeline`, in NumPy and
 Pillow: inception crop (area in `crop_scale`, aspect ratio in `crop_ratio`, the whole image if
-10 draws fail), antialiased resize of the crop (Pillow's filters in float32, the kernels of
-TensorFlow's `antialias=True`), random horizontal flip, `(x / 255 - mean) / std`, and mixup
+10 draws fail), antialiased resize of the crop (Pillow's filters on the uint8 image, as timm's
+transforms resize), random horizontal flip, all in uint8, then `(x / 255 - mean) / std` of the
+batch, and mixup
 of each batch with itself reversed at a `Beta(alpha, alpha)` weight. Its random numbers are
 NumPy's, so its batches are not TensorFlow's, but they follow the same plan: the examples are
 read in passes, pass `p` a permutation drawn from `(seed, p)`, each example's crop and flip
@@ -498,6 +499,20 @@ def _resize(image: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, 
     return np.clip(np.stack(channels, axis=-1), 0.0, 255.0)
 
 
+def _resize_pixels(
+    image: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], resample
+) -> np.ndarray:
+    """The `box = (top, left, height, width)` of a uint8 image resized to `size`, uint8: one Pillow call
+    on the RGB image (antialiased, rounded to uint8 as timm's transforms resize)."""
+    from PIL import Image
+
+    top, left, height, width = box
+    resized = Image.fromarray(np.ascontiguousarray(image)).resize(
+        (size[1], size[0]), resample, box=(left, top, left + width, top + height)
+    )
+    return np.asarray(resized)
+
+
 def _crop_box(
     rng: np.random.Generator, height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float]
 ) -> tuple[int, int, int, int]:
@@ -545,9 +560,10 @@ class TrainBatches(keras.utils.PyDataset):
         flip: bool,
         interpolation: str,
         mixup_alpha: float,
-        workers: int = 1,
+        workers: int | None = None,
         rows: slice | None = None,
     ):
+        workers = len(os.sched_getaffinity(0)) if workers is None else positive_int("workers", workers)
         super().__init__(workers=workers, use_multiprocessing=False)
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.mean, self.std, self.seed = mean, std, int(seed)
@@ -571,7 +587,7 @@ class TrainBatches(keras.utils.PyDataset):
         return self._orders[pass_index]
 
     def example(self, position: int) -> tuple[np.ndarray, int]:
-        """Example `position` of the endless stream, augmented and normalised."""
+        """Example `position` of the endless stream, augmented: uint8 `(H, W, 3)` and its label."""
         count = self.source.num_examples
         pass_index, offset = divmod(position, count)
         order = self._order(pass_index)
@@ -588,7 +604,7 @@ class TrainBatches(keras.utils.PyDataset):
         box = (0, 0, height, width)
         if self.augment:
             box = _crop_box(rng, height, width, self.crop_scale, self.crop_ratio)
-        pixels = _resize(image, box, self.image_size, self.resample)
+        pixels = _resize_pixels(image, box, self.image_size, self.resample)
         if self.augment and self.flip and rng.uniform() < 0.5:
             pixels = pixels[:, ::-1]
         return pixels, label
@@ -649,15 +665,16 @@ def train_pipeline(
     flip: bool | None = None,
     interpolation: str = DEFAULT_INTERPOLATION,
     mixup_alpha: float = 0.0,
-    workers: int = 1,
+    workers: int | None = None,
     rows: slice | None = None,
 ) -> TrainBatches:
     """Endless training batches as a `keras.utils.PyDataset`, resumable at any epoch.
 
-    The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
-    docstring for how the random numbers are drawn); `workers` threads prepare batches ahead.
-    `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
-    of them, but in a multi-process JAX run this process's (`process_rows`).
+        The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
+        docstring for how the random numbers are drawn); `workers` threads prepare batches ahead (default:
+    the CPUs this process may use; Pillow releases the GIL while it decodes and resizes).
+        `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
+        of them, but in a multi-process JAX run this process's (`process_rows`).
     """
     crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     if mixup_alpha:
