@@ -99,3 +99,31 @@ def test_tfdata_file_bad_when_read_is_skipped_and_counted(tmp_path, monkeypatch)
         int(batch[1].shape[0]) for batch in data.eval_pipeline(source, image_size=8, batch_size=4)
     )
     assert evaluated == 7
+
+
+def test_jpeg_crop_decoded_at_reduced_scale_equals_the_full_decode_within_tolerance(tmp_path):
+    """Decode less: a JPEG box at least twice the output is decoded at 1/2-1/8 scale (Pillow's draft,
+    libjpeg's DCT scaling), then resized; against resizing the full decode: mean |difference| <= 2
+    levels, max <= 16 (measured 1.26 and 11 on such pictures), and equal where no reduction applies."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "photo.jpg"
+    picture = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(
+        (500, 375), Image.BICUBIC
+    )
+    noisy = np.clip(np.asarray(picture, np.int16) + rng.integers(-12, 13, (375, 500, 3)), 0, 255)
+    Image.fromarray(noisy.astype(np.uint8)).save(path, quality=90)
+    full = pyinput._decode_file(str(path))
+    for box, size in [
+        ((0, 0, 375, 500), (64, 64)),
+        ((50, 60, 200, 260), (64, 64)),
+        ((20, 30, 300, 400), (224, 224)),
+    ]:
+        reduced = pyinput._read_box(
+            str(path), lambda height, width, box=box: box, size, Image.BICUBIC
+        ).astype(int)
+        whole = pyinput._resize_pixels(full, box, size, Image.BICUBIC).astype(int)
+        difference = np.abs(reduced - whole)
+        if min(box[2] / size[0], box[3] / size[1]) < 2:
+            assert difference.max() == 0
+        else:
+            assert 0 < difference.mean() <= 2 and difference.max() <= 16

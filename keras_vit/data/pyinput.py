@@ -186,6 +186,27 @@ class Source(SourceInfo):
             self.bad_images.met(self.files[index], index, f"{type(error).__name__}: {error}")
             return None
 
+    def load_resized(
+        self,
+        index: int,
+        box_for: Callable[[int, int], tuple[int, int, int, int]],
+        size: tuple[int, int],
+        resample,
+    ) -> tuple[np.ndarray, int] | None:
+        """Example `index`'s `box_for(height, width)` box resized to `size`, uint8, and its label (None:
+        skipped, as `load`). A folder's JPEG is decoded at a reduced scale where the box allows it
+        (`_read_box`); anything else is read whole, then resized."""
+        if self.files is None:
+            image, label = self.read(index)
+            return _resize_pixels(image, box_for(*image.shape[:2]), size, resample), label
+        try:
+            return _read_box(self.files[index], box_for, size, resample), int(self.labels[index])
+        except Exception as error:  # anything a damaged file makes Pillow raise
+            if self.bad_images is None:
+                raise
+            self.bad_images.met(self.files[index], index, f"{type(error).__name__}: {error}")
+            return None
+
 
 def checked_arrays(
     images, labels, num_classes: int | None = None, class_names: Sequence[str] | None = None
@@ -513,6 +534,28 @@ def _resize_pixels(
     return np.asarray(resized)
 
 
+def _read_box(
+    path: str, box_for: Callable[[int, int], tuple[int, int, int, int]], size: tuple[int, int], resample
+) -> np.ndarray:
+    """The `box_for(height, width)` box of the image file at `path` resized to `size`, uint8 RGB.
+
+    Decode less: a JPEG whose box is at least twice `size` is decoded at 1/2, 1/4 or 1/8 scale by
+    libjpeg's DCT scaling (Pillow's `draft`), never below `size`, and the box is resized from that;
+    the result equals the full decode's within a few levels (`tests/test_image_folders.py`).
+    """
+    from PIL import Image
+
+    with Image.open(path) as image:
+        width, height = image.size
+        top, left, box_height, box_width = box_for(height, width)
+        reduction = min(box_height / size[0], box_width / size[1])
+        if image.format == "JPEG" and reduction >= 2:
+            image.draft(image.mode, (math.ceil(width / reduction), math.ceil(height / reduction)))
+        x_scale, y_scale = image.size[0] / width, image.size[1] / height
+        region = (left * x_scale, top * y_scale, (left + box_width) * x_scale, (top + box_height) * y_scale)
+        return np.asarray(image.convert("RGB").resize((size[1], size[0]), resample, box=region))
+
+
 def _crop_box(
     rng: np.random.Generator, height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float]
 ) -> tuple[int, int, int, int]:
@@ -591,20 +634,24 @@ class TrainBatches(keras.utils.PyDataset):
         count = self.source.num_examples
         pass_index, offset = divmod(position, count)
         order = self._order(pass_index)
+        rng = np.random.default_rng([self.seed, _AUGMENT_STREAM, pass_index, offset])
+
+        def box_for(height: int, width: int) -> tuple[int, int, int, int]:
+            if not self.augment:
+                return 0, 0, height, width
+            return _crop_box(rng, height, width, self.crop_scale, self.crop_ratio)
+
         # A file skipped when read (`Source.load`) gives its place to the next readable one of the pass.
-        loaded = next(
-            filter(None, (self.source.load(int(order[(offset + step) % count])) for step in range(count))),
-            None,
+        reads = (
+            self.source.load_resized(
+                int(order[(offset + step) % count]), box_for, self.image_size, self.resample
+            )
+            for step in range(count)
         )
+        loaded = next(filter(None, reads), None)
         if loaded is None:
             raise BadImageError(f"No image of the source can be read: {self.source.bad_images.summary()}.")
-        image, label = loaded
-        rng = np.random.default_rng([self.seed, _AUGMENT_STREAM, pass_index, offset])
-        height, width = image.shape[:2]
-        box = (0, 0, height, width)
-        if self.augment:
-            box = _crop_box(rng, height, width, self.crop_scale, self.crop_ratio)
-        pixels = _resize_pixels(image, box, self.image_size, self.resample)
+        pixels, label = loaded
         if self.augment and self.flip and rng.uniform() < 0.5:
             pixels = pixels[:, ::-1]
         return pixels, label
