@@ -60,6 +60,7 @@ __all__ = [
     "from_arrays",
     "from_directory",
     "image_problem",
+    "images_only",
     "is_folder_name",
     "list_image_folder",
     "load_digits",
@@ -680,6 +681,27 @@ class TrainBatches(keras.utils.PyDataset):
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         epoch, within = divmod(int(index), self.steps)
         return self.batch(self.start_epoch + epoch, within)
+
+
+class ImageBatches(keras.utils.PyDataset):
+    """The images of `(images, labels)` batches (`train_pipeline`'s): item `i` is `(batches[i][0],)`, so
+    it is as pure a function of `(seed, epoch, index)` as theirs: `images_only`'s result."""
+
+    def __init__(self, batches: keras.utils.PyDataset):
+        super().__init__(workers=batches.workers, use_multiprocessing=False)
+        self.batches = batches
+
+    @property
+    def num_batches(self) -> int | None:
+        return self.batches.num_batches
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray]:
+        return (self.batches[index][0],)
+
+
+def images_only(batches: TrainBatches) -> ImageBatches:
+    """`train_pipeline`'s batches without their labels (unlabeled pre-training)."""
+    return ImageBatches(batches)
 
 
 def training_augmentation(

@@ -65,6 +65,7 @@ __all__ = [
     "from_arrays",
     "from_directory",
     "from_tfds",
+    "images_only",
     "is_folder_name",
     "load_digits",
     "train_pipeline",
@@ -451,6 +452,11 @@ def train_pipeline(
     stream = stream.prefetch(AUTOTUNE)
     # Every worker computes the same global stream and keeps its share: DATA sharding.
     return _with_policy(stream, ShardPolicy.DATA)
+
+
+def images_only(batches: tf.data.Dataset) -> tf.data.Dataset:
+    """`train_pipeline`'s batches without their labels (unlabeled pre-training)."""
+    return batches.map(lambda images, labels: images)
 
 
 def eval_pipeline(
