@@ -127,7 +127,9 @@ def skipping(examples: tf.data.Dataset, first: int, bad_images: BadImages | None
     With `bad_images` skipping, an example whose file fails to decode when read is dropped and
     counted (a gap in the positions; tf.data cannot name the file: `undecodable_files` does,
     and TensorFlow logs each error); else an error stops the input (the run driver names the
-    file, `keras_vit.training.runs.fit_checked`).
+    file, `keras_vit.training.runs.fit_checked`). A dropped example shifts the batches after it, so a
+    run resumed past a skipped file is not bit-identical to an uninterrupted one (the JAX/PyTorch
+    input fills the place instead and stays exact).
     """
     if bad_images is None or bad_images.action == "stop":
         return examples.map(lambda image, label, position: (image, label))
