@@ -578,6 +578,13 @@ def _crop_box(
     return 0, 0, height, width
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class TrainBatches(keras.utils.PyDataset):
     """Endless training batches `(float32 (B, H, W, 3), labels)`: `train_pipeline`'s result.
 
@@ -607,7 +614,7 @@ class TrainBatches(keras.utils.PyDataset):
         workers: int | None = None,
         rows: slice | None = None,
     ):
-        workers = len(os.sched_getaffinity(0)) if workers is None else positive_int("workers", workers)
+        workers = _usable_cpus() if workers is None else positive_int("workers", workers)
         super().__init__(workers=workers, use_multiprocessing=False)
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.mean, self.std, self.seed = mean, std, int(seed)
