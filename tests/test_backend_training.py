@@ -18,7 +18,6 @@ import pytest
 from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
 
 from keras_vit.data import datasets, pyinput
-from keras_vit.training import pretrain
 
 WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
 TIMEOUT = 600
@@ -257,7 +256,7 @@ def test_pretraining_batches_are_the_images_of_the_training_batches(digits):
     """Pre-training's input off TensorFlow: batch i is `(images,)`, the images of the training
     pipeline's batch i (labels dropped), so it is as deterministic in (seed, epoch, index)."""
     reference = _pipeline(digits, mixup_alpha=0.0)
-    resumed = pretrain.ImageBatches(_pipeline(digits, mixup_alpha=0.0, start_epoch=2))
+    resumed = pyinput.images_only(_pipeline(digits, mixup_alpha=0.0, start_epoch=2))
     assert resumed.num_batches is None and resumed.workers == reference.workers
     for epoch, index in [(3, 4), (2, 0)]:
         (images,) = resumed[(epoch - 2) * 5 + index]

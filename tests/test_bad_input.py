@@ -745,10 +745,12 @@ def test_edge_one_class_dataset_is_refused(tmp_path, layout):
             (root / "train" / "dog").mkdir()
             (root / "test" / "dog").mkdir()
         dataset = root
-        expected = r"1 class with examples" + (r" \(dog without examples\)" if layout != "one-folder" else "")
-    with pytest.raises(
-        ValueError, match=rf"The training data has {expected}: a classifier needs at least two"
-    ):
+        expected = r"The training data has 1 class with examples: a classifier needs at least two"
+        if layout == "empty-class-folder":  # refused when the folder is listed, naming the class
+            expected = r"Class folders of .*train that cannot be a class: 'dog' holds no image file"
+    if layout == "arrays":
+        expected = rf"The training data has {expected}: a classifier needs at least two"
+    with pytest.raises(ValueError, match=expected):
         training.train(EDGE_TINY, dataset, output_dir=tmp_path / "run", steps=1, batch_size=2, verbose=0)
     assert not (tmp_path / "run").exists()
 
@@ -782,7 +784,6 @@ def test_edge_file_tensorflow_cannot_decode_is_named_after_the_fit_fails(tmp_pat
     bad = root / "train" / "a" / "3.png"
     bad.write_bytes(bad.read_bytes()[:-30])  # the end cut off: caught by decoding only
     monkeypatch.setattr(pyinput, "image_problem", lambda path, max_pixels: None)  # as if the check passed
-    monkeypatch.setattr(data, "_decode_problems", lambda paths: {})
     with pytest.raises(data.BadImageError, match=rf"TensorFlow cannot decode 1 image file\(s\): {bad}"):
         training.train(
             EDGE_TINY, root, output_dir=tmp_path / "run", steps=2, batch_size=4, verbose=0, jit_compile=False

@@ -12,7 +12,6 @@ from helpers import random_images, subprocess_env
 
 import keras_vit
 from keras_vit.checkpoints.pretrained import resolve_pretrained
-from keras_vit.data import tfdata as data
 from keras_vit.registry import catalog
 from keras_vit.registry.catalog import Preprocessing, class_names, preprocessing_for
 from keras_vit.registry.variants import ViTConfig
@@ -92,7 +91,6 @@ def test_preprocessing_for_is_the_one_answer():
         np.testing.assert_array_equal(
             keras_vit.preprocess_input(pixels, model), catalog.normalize(pixels, spec.mean, spec.std)
         )
-        assert data.normalisation_for(model) == (spec.mean, spec.std)
         from keras_vit.deploy.export import ImagePreprocessing, image_preprocessing
 
         assert image_preprocessing(model) == ImagePreprocessing.from_spec(spec)

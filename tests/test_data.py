@@ -7,6 +7,7 @@ from PIL import Image
 from sklearn.datasets import load_sample_image
 
 import keras_vit
+from keras_vit.data import pyinput
 from keras_vit.data import tfdata as data
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.5)
@@ -202,11 +203,28 @@ def test_from_tfds_with_mock_data(tmp_path):
         assert len(list(data.eval_pipeline(source, image_size=16, batch_size=8))) == 3
 
 
-def test_normalisation_for_reads_the_catalog():
-    assert data.normalisation_for(None) == ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    tag = keras_vit.list_pretrained("vit_b16")[0]
-    entry = keras_vit.registry.catalog.get_entry(tag)
-    assert data.normalisation_for(tag) == (tuple(entry.mean), tuple(entry.std))
+def test_pipelines_take_the_catalogs_interpolations_only():
+    """One interpolation list and default (the catalog's) for both readers and every spec."""
+    source, _ = _source(count=8)
+    assert data.INTERPOLATIONS is pyinput.INTERPOLATIONS is keras_vit.registry.catalog.INTERPOLATIONS
+    for reader, arrays in (
+        (data, source),
+        (pyinput, pyinput.from_arrays(np.zeros((8, 8, 8)), np.arange(8) % 2)),
+    ):
+        with pytest.raises(
+            ValueError, match=r"Unknown interpolation 'area': use one of \('bicubic', 'bilinear'\)"
+        ):
+            reader.train_pipeline(arrays, image_size=8, batch_size=4, seed=0, interpolation="area")
+
+
+@pytest.mark.parametrize("reader", ["tfdata", "pyinput"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_from_arrays_refuses_non_finite_pixels(reader, value):
+    images = np.full((4, 8, 8, 3), 100.0, "float32")
+    images[2, 3, 3, 1] = value
+    module = data if reader == "tfdata" else pyinput
+    with pytest.raises(ValueError, match=r"images hold 1 NaN or infinite pixel value\(s\)"):
+        module.from_arrays(images, np.arange(4) % 2)
 
 
 def test_distribute_sets_the_shard_policy():

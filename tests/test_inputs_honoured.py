@@ -4,7 +4,6 @@ Prefixes: `test_pixels_...` integer, bool, NaN or empty pixels given to public e
 `test_backend_...` the same on JAX and PyTorch, one subprocess per backend.
 """
 
-import io
 import json
 import os
 import shutil
@@ -252,11 +251,12 @@ def _damaged_mid_file(data: bytes, how: str) -> bytes:
 
 
 @pytest.mark.parametrize("how", ["zeroed", "cut"])
-def test_image_folder_refuses_or_skips_a_jpeg_damaged_mid_file(tmp_path, how, capfd):
+def test_image_folder_lists_a_jpeg_damaged_mid_file_without_decoding_it(tmp_path, how):
+    """Listing a folder decodes nothing (a header check only): a JPEG damaged mid-file, whose
+    header and end marker are intact, is listed and read as libjpeg recovers it (grey blocks),
+    as timm and tf.data read it; `load_image` refuses it (below)."""
     photo = SAMPLE_JPEG.read_bytes()
     damaged = _damaged_mid_file(photo, how)
-    with Image.open(io.BytesIO(damaged)) as image:
-        image.load()  # what the check did before: Pillow decodes it without a word (grey blocks)
     root = tmp_path / "train"
     for name in ("a", "b"):
         (root / name).mkdir(parents=True)
@@ -264,14 +264,8 @@ def test_image_folder_refuses_or_skips_a_jpeg_damaged_mid_file(tmp_path, how, ca
             (root / name / f"{index}.jpg").write_bytes(photo)
     bad = root / "b" / "1.jpg"
     bad.write_bytes(damaged)
-    with pytest.raises(
-        data.BadImageError, match=rf"1 of the 4 image files .*{bad} \(damaged JPEG data, libjpeg: "
-    ):
-        data.from_directory(root)
-    with pytest.warns(UserWarning, match=rf"Skipped: 1 of the 4 .*{bad}") as caught:
-        source = data.from_directory(root, on_bad_image="skip")
-    assert len(caught) == 1 and str(bad) not in source.files and source.class_counts == (2, 1)
-    assert "Corrupt JPEG" not in capfd.readouterr().err  # said once, in the error, with the file's name
+    source = data.from_directory(root)
+    assert str(bad) in source.files and source.class_counts == (2, 2)
 
 
 @pytest.mark.parametrize("how", ["zeroed", "cut"])

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 
-from keras_vit.utils.environment import keras_backend
+from keras_vit.utils.environment import install_hint, keras_backend
 
 __all__ = ["error_message", "load_backend", "op_error_message", "quiet_logging"]
 
@@ -93,6 +93,10 @@ def error_message(error: BaseException) -> str:
     tf = sys.modules.get("tensorflow")
     if tf is not None and isinstance(error, tf.errors.OpError):
         return f"TensorFlow: {op_error_message(error.message)} {debug_hint}"
+    if isinstance(error, ModuleNotFoundError) and error.name in ("tensorflow", "tensorflow_datasets"):
+        if "needs TensorFlow" in str(error):  # keras_vit's own (`import_tensorflow`)
+            return str(error)
+        return f"This command needs TensorFlow, which is not installed: {install_hint('tensorflow')}."
     if isinstance(error, (ValueError, OSError, ImportError, RuntimeError)):
         return str(error)
     return f"{type(error).__name__}: {error} {debug_hint}"

@@ -15,6 +15,8 @@ refused with what to do instead.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import keras
 import numpy as np
@@ -22,7 +24,7 @@ import numpy as np
 from keras_vit.data import pyinput
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, DATASET
 
-__all__ = ["input_module", "load_dataset", "load_unlabeled"]
+__all__ = ["InputModule", "bad_images_record", "input_module", "load_dataset", "load_unlabeled"]
 
 
 def _folder(dataset: str | os.PathLike) -> str | None:
@@ -58,14 +60,52 @@ def _refuse_unused(dataset, kind: str, options: dict, applies: tuple) -> None:
         raise ValueError(f"{'; '.join(unused)}: dataset {os.fspath(dataset)!r} is {kind}; leave them out.")
 
 
-def input_module():
-    """The input pipelines of this backend: `keras_vit.data.tfdata` (tf.data) on TensorFlow, else
-    `keras_vit.data.pyinput` (NumPy, Pillow, a `keras.utils.PyDataset`); both have the same functions."""
+class InputModule(Protocol):
+    """The input contract both readers implement (`keras_vit.data.tfdata`: tf.data;
+    `keras_vit.data.pyinput`: NumPy, Pillow, a `keras.utils.PyDataset`), so tasks never ask which
+    backend runs. Sources: `Source` (a `pyinput.SourceInfo`: size, classes, augmentation,
+    `bad_images`, the folder policy applied when files are read), `from_arrays`, `from_directory`
+    (`on_bad_image`), `load_digits`; the training stream: `epoch_steps`, `train_pipeline` (batches
+    a pure function of `(seed, epoch, index)`), `images_only`; evaluation: `Preprocessing`,
+    `eval_pipeline`; `is_folder_name`."""
+
+    Source: type
+    Preprocessing: type
+
+    def from_arrays(self, images, labels, *, num_classes: int | None = None, class_names=None) -> Any: ...
+
+    def from_directory(self, path, *, on_bad_image: str = ..., max_pixels: int | None = ...) -> Any: ...
+
+    def load_digits(self, test_fraction: float = 0.2, seed: int = 0) -> tuple: ...
+
+    def epoch_steps(self, source, batch_size: int, steps_per_epoch: int | None = None) -> int: ...
+
+    def train_pipeline(
+        self, source, *, image_size: int | Sequence[int], batch_size: int, seed: int, **options
+    ) -> Any: ...
+
+    def images_only(self, batches) -> Any: ...
+
+    def eval_pipeline(self, source, spec, *, batch_size: int, **options) -> Any: ...
+
+    def is_folder_name(self, dataset) -> bool: ...
+
+
+def input_module() -> InputModule:
+    """The input pipelines of this backend (`InputModule`): `keras_vit.data.tfdata` (tf.data) on
+    TensorFlow, else `keras_vit.data.pyinput` (NumPy, Pillow, a `keras.utils.PyDataset`)."""
     if keras.backend.backend() == "tensorflow":
         from keras_vit.data import tfdata as data
 
         return data
     return pyinput
+
+
+def bad_images_record(**sources) -> dict:
+    """The report's `{"bad_images": {split: ...}}` for the image-folder sources among `sources`
+    (what `on_bad_image` met when the files were read: `BadImages.summary`), or `{}`."""
+    record = {name: source.bad_images.summary() for name, source in sources.items() if source.bad_images}
+    return {"bad_images": record} if record else {}
 
 
 def _tfds(name: str, split: str, data_dir):

@@ -3,13 +3,15 @@
 The training driver reads its data here on every backend but TensorFlow (which keeps tf.data:
 `keras_vit.data.tfdata`). The names mirror `keras_vit.data.tfdata`'s, so a task calls the same functions on
 either module: `load_digits`, `from_arrays`, `from_directory` (Pillow decodes the files),
-`epoch_steps`, `train_pipeline`, `eval_pipeline`, `normalisation_for`, `is_folder_name`.
+`epoch_steps`, `train_pipeline`, `eval_pipeline`, `is_folder_name`. Which preprocessing a model
+needs (mean, std, interpolation) is the catalog's answer: `keras_vit.registry.catalog.preprocessing_for`.
 tensorflow-datasets names stay TensorFlow's (`keras_vit.data.datasets` says so).
 
 `train_pipeline` gives the same augmentation as `keras_vit.data.tfdata.train_pipeline`, in NumPy and
 Pillow: inception crop (area in `crop_scale`, aspect ratio in `crop_ratio`, the whole image if
-10 draws fail), antialiased resize of the crop (Pillow's filters in float32, the kernels of
-TensorFlow's `antialias=True`), random horizontal flip, `(x / 255 - mean) / std`, and mixup
+10 draws fail), antialiased resize of the crop (Pillow's filters on the uint8 image, as timm's
+transforms resize), random horizontal flip, all in uint8, then `(x / 255 - mean) / std` of the
+batch, and mixup
 of each batch with itself reversed at a `Beta(alpha, alpha)` weight. Its random numbers are
 NumPy's, so its batches are not TensorFlow's, but they follow the same plan: the examples are
 read in passes, pass `p` a permutation drawn from `(seed, p)`, each example's crop and flip
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,7 +37,7 @@ import numpy as np
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.data.processes import process_rows
-from keras_vit.registry.catalog import Preprocessing, model_entry, normalize
+from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS, Preprocessing, normalize
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.utils.environment import install_hint
 from keras_vit.utils.validation import check_pixel_count, one_of, optional, positive_int, positive_number
@@ -43,6 +46,8 @@ from keras_vit.utils.validation import image_size as size_pair
 __all__ = [
     "IMAGE_EXTENSIONS",
     "INTERPOLATIONS",
+    "BadImageError",
+    "BadImages",
     "BatchedImages",
     "Preprocessing",
     "Source",
@@ -55,16 +60,15 @@ __all__ = [
     "from_arrays",
     "from_directory",
     "image_problem",
+    "images_only",
     "is_folder_name",
     "list_image_folder",
     "load_digits",
-    "normalisation_for",
     "train_pipeline",
     "training_augmentation",
 ]
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
-INTERPOLATIONS = ("bilinear", "bicubic", "area", "nearest")
 # Independent random streams derived from the user's seed (as keras_vit.data.tfdata's).
 _SHUFFLE_STREAM, _AUGMENT_STREAM, _MIXUP_STREAM = 0, 1, 2
 
@@ -85,12 +89,72 @@ class SourceInfo:
     def __repr__(self) -> str:  # the same in every process (not the functions' addresses): reports compare it
         return f"Source({self.num_examples} examples, {self.num_classes} classes)"
 
+    def images_per_class(self) -> dict[str, int] | None:
+        """`{class name: examples}` where the counts are known (the report's), else None."""
+        if self.class_counts is None:
+            return None
+        names = self.class_names or tuple(str(index) for index in range(self.num_classes))
+        return dict(zip(names, self.class_counts, strict=True))
+
     def missing_classes(self) -> list[str]:
         """The classes with no example (by name where known), or `[]` if unknown or none."""
         if self.class_counts is None:
             return []
         names = self.class_names or tuple(str(index) for index in range(self.num_classes))
         return [name for name, count in zip(names, self.class_counts, strict=True) if count == 0]
+
+
+class BadImageError(ValueError):
+    """Image files or class folders of a dataset folder that cannot be used (the message names them)."""
+
+
+_SKIP_ADVICE = "or skip such files (on_bad_image='skip', keras-vit --on-bad-image skip)"
+
+
+class BadImages:
+    """An image folder's `on_bad_image` policy, applied when a file is read, and what it met.
+
+    `"stop"`: a file that fails to decode raises `BadImageError` naming it. `"skip"`: the file
+    is recorded (`files`: path -> why), one warning names it, and the reader carries on without
+    it. Readers that cannot name what they skipped (tf.data) add a counter (`add_counter`).
+    `summary()` is what the run's report says. Thread-safe (reader threads share it).
+    """
+
+    def __init__(self, root: str, action: str):
+        self.root, self.action = root, one_of("on_bad_image", action, BAD_IMAGE_ACTIONS)
+        self.files: dict[str, str] = {}
+        self.indices: set[int] = set()
+        self.reads = 0
+        self._counters: list[Callable[[], int]] = []
+        self._lock = threading.Lock()
+
+    def met(self, path: str, index: int, reason: str) -> None:
+        """File `path` (example `index`) failed to decode when read, for `reason`."""
+        if self.action == "stop":
+            raise BadImageError(
+                f"Image file {path} cannot be read ({reason}): remove or replace it, {_SKIP_ADVICE}."
+            )
+        with self._lock:
+            new = path not in self.files
+            self.files[path] = reason
+            self.reads += 1
+            self.indices.add(index)
+        if new:
+            warnings.warn(f"Skipped image file {path}, which cannot be read ({reason}).", stacklevel=2)
+
+    def add_counter(self, counter: Callable[[], int]) -> None:
+        """Count skips that a reader sees but cannot name (`counter()`: how many so far)."""
+        self._counters.append(counter)
+
+    @property
+    def count(self) -> int:
+        """How many reads were skipped (a file is read once per pass): named and counted ones."""
+        return self.reads + sum(int(counter()) for counter in self._counters)
+
+    def summary(self) -> dict:
+        """The report's record: the policy, how many reads were skipped, the files named (tf.data
+        names none: `keras_vit.data.tfdata.undecodable_files` does)."""
+        return {"on_bad_image": self.action, "reads_skipped": self.count, "files": sorted(self.files)}
 
 
 @dataclass(frozen=True, repr=False)
@@ -110,6 +174,39 @@ class Source(SourceInfo):
     files: tuple[str, ...] | None = None
     crop_scale: tuple[float, float] = (0.08, 1.0)
     flip: bool = True
+    bad_images: BadImages | None = None  # a folder's policy for files that fail to decode when read
+
+    def load(self, index: int) -> tuple[np.ndarray, int] | None:
+        """`read(index)`, or None for a folder's file that fails to decode (`bad_images` decides:
+        stop naming it, or skip it counted)."""
+        if self.bad_images is None:
+            return self.read(index)
+        try:
+            return self.read(index)
+        except Exception as error:  # anything a damaged file makes Pillow raise
+            self.bad_images.met(self.files[index], index, f"{type(error).__name__}: {error}")
+            return None
+
+    def load_resized(
+        self,
+        index: int,
+        box_for: Callable[[int, int], tuple[int, int, int, int]],
+        size: tuple[int, int],
+        resample,
+    ) -> tuple[np.ndarray, int] | None:
+        """Example `index`'s `box_for(height, width)` box resized to `size`, uint8, and its label (None:
+        skipped, as `load`). A folder's JPEG is decoded at a reduced scale where the box allows it
+        (`_read_box`); anything else is read whole, then resized."""
+        if self.files is None:
+            image, label = self.read(index)
+            return _resize_pixels(image, box_for(*image.shape[:2]), size, resample), label
+        try:
+            return _read_box(self.files[index], box_for, size, resample), int(self.labels[index])
+        except Exception as error:  # anything a damaged file makes Pillow raise
+            if self.bad_images is None:
+                raise
+            self.bad_images.met(self.files[index], index, f"{type(error).__name__}: {error}")
+            return None
 
 
 def checked_arrays(
@@ -125,6 +222,12 @@ def checked_arrays(
     if images.dtype != np.uint8:
         if not np.issubdtype(images.dtype, np.number) or images.dtype == bool:
             raise ValueError(f"images must be numeric pixel values in [0, 255], got dtype {images.dtype}.")
+        if np.issubdtype(images.dtype, np.floating) and not np.isfinite(images).all():
+            bad = int(np.count_nonzero(~np.isfinite(images)))
+            raise ValueError(
+                f"images hold {bad} NaN or infinite pixel value(s): pixels must be finite values in "
+                "[0, 255]; fix or drop those images first."
+            )
         low, high = float(images.min()), float(images.max())
         if low < 0 or high > 255:
             raise ValueError(f"images must have pixel values in [0, 255], got [{low:g}, {high:g}].")
@@ -197,35 +300,62 @@ def image_problem(path: str, max_pixels: int | None) -> str | None:
     return None
 
 
-class BadImageError(ValueError):
-    """Image files of a dataset folder that cannot be read (the message names them)."""
-
-
 def _bad_image_message(root: str, bad: list[tuple[str, str]], total: int) -> str:
     shown = "; ".join(f"{path} ({reason})" for path, reason in bad[:5])
     more = f"; and {len(bad) - 5} more" if len(bad) > 5 else ""
     return f"{len(bad)} of the {total} image files in {root} cannot be read: {shown}{more}."
 
 
-def list_image_folder(
-    root: str,
-    on_bad_image: str,
-    max_pixels: int | None,
-    decode_problems: Callable[[list[str]], dict[str, str]],
-) -> tuple[list[str], list[int], list[str]]:
-    """The readable image files of a class-per-folder `root`: `(paths, labels, class_names)`.
+def _class_folders(root: str, on_bad_image: str) -> list[str]:
+    """The class folders of `root` (sub-folders, alphanumeric order) that hold images and are their own.
 
-    Classes are the sub-folders in alphanumeric order; images the files below each (searched
-    recursively) with an `IMAGE_EXTENSIONS` extension, in sorted order. Every file is checked
-    by `image_problem`, then decoded once by `decode_problems` (the reader's own decoder:
-    `{path: why}` of the files it cannot decode). `on_bad_image="stop"` raises
-    `BadImageError` naming the bad files, `"skip"` leaves them out with one warning.
+    A class folder that resolves to another class's folder (a link to it, into it or over it:
+    its images would be trained under two labels) or that holds no image file (a class that can
+    never be learned) is refused, or with `on_bad_image="skip"` left out with one warning.
+    """
+    names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    real = {name: os.path.realpath(os.path.join(root, name)) for name in names}
+
+    def overlaps(name: str, other: str) -> bool:
+        mine, theirs = real[name], real[other]
+        return mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep)
+
+    problems = {}
+    for name in names:
+        others = [other for other in names if other != name and overlaps(name, other)]
+        if others and os.path.islink(os.path.join(root, name)):
+            problems[name] = f"resolves to {real[name]}, the folder of class {others[0]!r}"
+        elif not any(
+            file.lower().endswith(IMAGE_EXTENSIONS) for _, _, files in os.walk(real[name]) for file in files
+        ):
+            problems[name] = "holds no image file"
+    if problems and len(problems) < len(names):
+        listed = "; ".join(f"{name!r} {why}" for name, why in problems.items())
+        if on_bad_image == "stop":
+            raise BadImageError(
+                f"Class folders of {root} that cannot be a class: {listed}. Remove them, {_SKIP_ADVICE}."
+            )
+        warnings.warn(f"Skipped class folders of {root}: {listed}.", stacklevel=4)
+    return [name for name in names if name not in problems]
+
+
+def list_image_folder(
+    root: str, on_bad_image: str, max_pixels: int | None
+) -> tuple[list[str], list[int], list[str]]:
+    """The image files of a class-per-folder `root` that pass a header check: `(paths, labels, class_names)`.
+
+    Classes are the sub-folders in alphanumeric order (`_class_folders`: each its own and not
+    empty); images the files below each (searched recursively) with an `IMAGE_EXTENSIONS`
+    extension, in sorted order. Nothing is decoded: every file gets `image_problem`'s header
+    check only (thousands of files a second); a file that fails to decode later is handled
+    when read (`BadImages`). `on_bad_image="stop"` raises `BadImageError` naming the bad files,
+    `"skip"` leaves them out with one warning.
     """
     on_bad_image = one_of("on_bad_image", on_bad_image, BAD_IMAGE_ACTIONS)
     max_pixels = optional(positive_int, "max_pixels", max_pixels)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"Image folder {root!r} does not exist.")
-    class_names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    class_names = _class_folders(root, on_bad_image)
     paths, labels = [], []
     for label, name in enumerate(class_names):
         for folder, _, files in sorted(os.walk(os.path.join(root, name))):
@@ -239,12 +369,9 @@ def list_image_folder(
             f"{'/'.join(IMAGE_EXTENSIONS)} files, e.g. {root}/cat/1.jpg, {root}/dog/2.jpg."
         )
     bad = [(file, problem) for file in paths if (problem := image_problem(file, max_pixels)) is not None]
-    unread = {file for file, _ in bad}
-    bad = sorted(bad + list(decode_problems([file for file in paths if file not in unread]).items()))
     if bad and on_bad_image == "stop":
         raise BadImageError(
-            f"{_bad_image_message(root, bad, len(paths))} Remove or replace them, or skip them "
-            "(on_bad_image='skip', keras-vit --on-bad-image skip)."
+            f"{_bad_image_message(root, bad, len(paths))} Remove or replace them, {_SKIP_ADVICE}."
         )
     if bad:
         warnings.warn(f"Skipped: {_bad_image_message(root, bad, len(paths))}", stacklevel=3)
@@ -264,33 +391,33 @@ def _decode_file(path: str) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
 
 
-def _pillow_decode_problems(paths: list[str]) -> dict[str, str]:
-    problems = {}
-    for path in paths:
-        try:
-            _decode_file(path)
-        except Exception as error:  # anything a damaged file makes Pillow raise
-            problems[path] = f"{type(error).__name__}: {error}"
-    return problems
-
-
 def from_directory(
     path: str | os.PathLike, *, on_bad_image: str = BAD_IMAGE_ACTIONS[0], max_pixels: int | None = MAX_PIXELS
 ) -> Source:
     """A source over an image folder with one sub-folder per class, decoded by Pillow when read.
 
     The same files, classes, checks and `on_bad_image` choices as `keras_vit.data.tfdata.from_directory`
-    (`list_image_folder`); every file is decoded once by Pillow first.
+    (`list_image_folder`: a header check of each file, nothing decoded); a file that fails to
+    decode when read is handled then (`BadImages`: stop naming it, or skip it counted).
     """
     root = os.fspath(path)
-    paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels, _pillow_decode_problems)
+    paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels)
 
     def read(index: int) -> tuple[np.ndarray, int]:
         return _decode_file(paths[index]), labels[index]
 
     counts = tuple(labels.count(label) for label in range(len(class_names)))
     label_array = np.asarray(labels, dtype="int32")
-    return Source(len(paths), len(class_names), tuple(class_names), read, label_array, counts, tuple(paths))
+    return Source(
+        len(paths),
+        len(class_names),
+        tuple(class_names),
+        read,
+        label_array,
+        counts,
+        tuple(paths),
+        bad_images=BadImages(root, on_bad_image),
+    )
 
 
 def digits_arrays(test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -348,19 +475,6 @@ def is_folder_name(dataset: str | os.PathLike) -> bool:
     return os.path.exists(os.path.expanduser(dataset)) or dataset.startswith((".", "/", "~", os.sep))
 
 
-def normalisation_for(model_or_tag=None) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """`(mean, std)` a checkpoint expects, from the catalog (`keras_vit.registry.catalog`).
-
-    Accepts a full catalog tag, a model built with `pretrained=...`, or `None`; anything not
-    in the catalog gets the package default (mean = std = 0.5, inputs in [-1, 1]). The
-    same values as `Preprocessing.for_model(model_or_tag)`'s `mean` and `std`.
-    """
-    entry = model_entry(model_or_tag)
-    if entry is None:
-        return GOOGLE_MEAN, GOOGLE_STD
-    return tuple(entry.mean), tuple(entry.std)
-
-
 def epoch_steps(source, batch_size: int, steps_per_epoch: int | None = None) -> int:
     """Batches per epoch of `train_pipeline`: `steps_per_epoch`, or one pass `num_examples // batch_size`."""
     if steps_per_epoch is not None:
@@ -383,8 +497,6 @@ def _resampling(interpolation: str):
     return {
         "bilinear": Image.Resampling.BILINEAR,
         "bicubic": Image.Resampling.BICUBIC,
-        "area": Image.Resampling.BOX,
-        "nearest": Image.Resampling.NEAREST,
     }[interpolation]
 
 
@@ -409,6 +521,42 @@ def _resize(image: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, 
     return np.clip(np.stack(channels, axis=-1), 0.0, 255.0)
 
 
+def _resize_pixels(
+    image: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], resample
+) -> np.ndarray:
+    """The `box = (top, left, height, width)` of a uint8 image resized to `size`, uint8: one Pillow call
+    on the RGB image (antialiased, rounded to uint8 as timm's transforms resize)."""
+    from PIL import Image
+
+    top, left, height, width = box
+    resized = Image.fromarray(np.ascontiguousarray(image)).resize(
+        (size[1], size[0]), resample, box=(left, top, left + width, top + height)
+    )
+    return np.asarray(resized)
+
+
+def _read_box(
+    path: str, box_for: Callable[[int, int], tuple[int, int, int, int]], size: tuple[int, int], resample
+) -> np.ndarray:
+    """The `box_for(height, width)` box of the image file at `path` resized to `size`, uint8 RGB.
+
+    Decode less: a JPEG whose box is at least twice `size` is decoded at 1/2, 1/4 or 1/8 scale by
+    libjpeg's DCT scaling (Pillow's `draft`), never below `size`, and the box is resized from that;
+    the result equals the full decode's within a few levels (`tests/test_image_folders.py`).
+    """
+    from PIL import Image
+
+    with Image.open(path) as image:
+        width, height = image.size
+        top, left, box_height, box_width = box_for(height, width)
+        reduction = min(box_height / size[0], box_width / size[1])
+        if image.format == "JPEG" and reduction >= 2:
+            image.draft(image.mode, (math.ceil(width / reduction), math.ceil(height / reduction)))
+        x_scale, y_scale = image.size[0] / width, image.size[1] / height
+        region = (left * x_scale, top * y_scale, (left + box_width) * x_scale, (top + box_height) * y_scale)
+        return np.asarray(image.convert("RGB").resize((size[1], size[0]), resample, box=region))
+
+
 def _crop_box(
     rng: np.random.Generator, height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float]
 ) -> tuple[int, int, int, int]:
@@ -428,6 +576,13 @@ def _crop_box(
                 left = int(rng.integers(0, width - crop_width + 1))
                 return top, left, crop_height, crop_width
     return 0, 0, height, width
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 class TrainBatches(keras.utils.PyDataset):
@@ -456,9 +611,10 @@ class TrainBatches(keras.utils.PyDataset):
         flip: bool,
         interpolation: str,
         mixup_alpha: float,
-        workers: int = 1,
+        workers: int | None = None,
         rows: slice | None = None,
     ):
+        workers = _usable_cpus() if workers is None else positive_int("workers", workers)
         super().__init__(workers=workers, use_multiprocessing=False)
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.mean, self.std, self.seed = mean, std, int(seed)
@@ -482,15 +638,28 @@ class TrainBatches(keras.utils.PyDataset):
         return self._orders[pass_index]
 
     def example(self, position: int) -> tuple[np.ndarray, int]:
-        """Example `position` of the endless stream, augmented and normalised."""
-        pass_index, offset = divmod(position, self.source.num_examples)
-        image, label = self.source.read(int(self._order(pass_index)[offset]))
+        """Example `position` of the endless stream, augmented: uint8 `(H, W, 3)` and its label."""
+        count = self.source.num_examples
+        pass_index, offset = divmod(position, count)
+        order = self._order(pass_index)
         rng = np.random.default_rng([self.seed, _AUGMENT_STREAM, pass_index, offset])
-        height, width = image.shape[:2]
-        box = (0, 0, height, width)
-        if self.augment:
-            box = _crop_box(rng, height, width, self.crop_scale, self.crop_ratio)
-        pixels = _resize(image, box, self.image_size, self.resample)
+
+        def box_for(height: int, width: int) -> tuple[int, int, int, int]:
+            if not self.augment:
+                return 0, 0, height, width
+            return _crop_box(rng, height, width, self.crop_scale, self.crop_ratio)
+
+        # A file skipped when read (`Source.load`) gives its place to the next readable one of the pass.
+        reads = (
+            self.source.load_resized(
+                int(order[(offset + step) % count]), box_for, self.image_size, self.resample
+            )
+            for step in range(count)
+        )
+        loaded = next(filter(None, reads), None)
+        if loaded is None:
+            raise BadImageError(f"No image of the source can be read: {self.source.bad_images.summary()}.")
+        pixels, label = loaded
         if self.augment and self.flip and rng.uniform() < 0.5:
             pixels = pixels[:, ::-1]
         return pixels, label
@@ -521,6 +690,27 @@ class TrainBatches(keras.utils.PyDataset):
         return self.batch(self.start_epoch + epoch, within)
 
 
+class ImageBatches(keras.utils.PyDataset):
+    """The images of `(images, labels)` batches (`train_pipeline`'s): item `i` is `(batches[i][0],)`, so
+    it is as pure a function of `(seed, epoch, index)` as theirs: `images_only`'s result."""
+
+    def __init__(self, batches: keras.utils.PyDataset):
+        super().__init__(workers=batches.workers, use_multiprocessing=False)
+        self.batches = batches
+
+    @property
+    def num_batches(self) -> int | None:
+        return self.batches.num_batches
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray]:
+        return (self.batches[index][0],)
+
+
+def images_only(batches: TrainBatches) -> ImageBatches:
+    """`train_pipeline`'s batches without their labels (unlabeled pre-training)."""
+    return ImageBatches(batches)
+
+
 def training_augmentation(
     source: Source, crop_scale: tuple[float, float] | None, flip: bool | None, start_epoch: int
 ) -> tuple[tuple[float, float], bool]:
@@ -549,17 +739,18 @@ def train_pipeline(
     crop_scale: tuple[float, float] | None = None,
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip: bool | None = None,
-    interpolation: str = "bilinear",
+    interpolation: str = DEFAULT_INTERPOLATION,
     mixup_alpha: float = 0.0,
-    workers: int = 1,
+    workers: int | None = None,
     rows: slice | None = None,
 ) -> TrainBatches:
     """Endless training batches as a `keras.utils.PyDataset`, resumable at any epoch.
 
-    The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
-    docstring for how the random numbers are drawn); `workers` threads prepare batches ahead.
-    `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
-    of them, but in a multi-process JAX run this process's (`process_rows`).
+        The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
+        docstring for how the random numbers are drawn); `workers` threads prepare batches ahead (default:
+    the CPUs this process may use; Pillow releases the GIL while it decodes and resizes).
+        `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
+        of them, but in a multi-process JAX run this process's (`process_rows`).
     """
     crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     if mixup_alpha:
@@ -607,7 +798,12 @@ class BatchedImages(keras.utils.PyDataset):
         indices = indices[process_rows(len(indices))]
         images, labels = [], []
         for example in indices:
-            image, label = self.source.read(example)
+            loaded = self.source.load(example)
+            if loaded is None:  # skipped (`Source.load`): a blank in its place, left out of the metrics
+                images.append(np.zeros((*self.spec.image_size, 3), "float32"))
+                labels.append(int(self.source.labels[example]))
+                continue
+            image, label = loaded
             box = (0, 0, *image.shape[:2])
             images.append(np.round(_resize(image, box, self.spec.image_size, self.resample)))
             labels.append(label)

@@ -34,9 +34,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import tensorflow as tf
 
 from keras_vit.registry.catalog import Preprocessing, normalize
+from keras_vit.utils.environment import import_tensorflow
+
+tf = import_tensorflow("keras_vit.data.tf_preprocessing")
 
 __all__ = ["LIBJPEG_WARNINGS", "ImagePreprocessing", "caught_stderr", "decode_image", "jpeg_damage"]
 

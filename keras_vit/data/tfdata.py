@@ -19,8 +19,8 @@ of exact resume with epoch-granular backups. Nothing depends on TensorFlow's glo
 `eval_pipeline` preprocesses with a checkpoint's `keras_vit.data.preprocessing.Preprocessing` spec
 (resize, centre crop as timm's evaluation transform, normalisation), through the TensorFlow
 implementation the exported SavedModel runs: its batches equal `load_image` +
-`preprocess_input` with the same spec, exactly. `normalisation_for` reads the mean/std a
-pretrained checkpoint expects. `distribute` hands a
+`preprocess_input` with the same spec, exactly (which spec a model needs:
+`keras_vit.registry.catalog.preprocessing_for`). `distribute` hands a
 pipeline to a `tf.distribute` strategy with the auto-shard policy of its source.
 """
 
@@ -31,25 +31,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import tensorflow as tf
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.data.pyinput import (
-    INTERPOLATIONS,
     BadImageError,
+    BadImages,
     SourceInfo,
     checked_arrays,
     digits_sources,
     epoch_steps,
     is_folder_name,
     list_image_folder,
-    normalisation_for,
     training_augmentation,
 )
-from keras_vit.data.tf_preprocessing import LIBJPEG_WARNINGS, ImagePreprocessing, caught_stderr, decode_image
+from keras_vit.data.tf_preprocessing import ImagePreprocessing, decode_image
+from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
+from keras_vit.utils.environment import import_tensorflow
 from keras_vit.utils.validation import image_size as size_pair
 from keras_vit.utils.validation import positive_number
+
+tf = import_tensorflow("keras_vit.data.tfdata (the tf.data input)")
 
 __all__ = [
     "BAD_IMAGE_ACTIONS",
@@ -63,9 +65,9 @@ __all__ = [
     "from_arrays",
     "from_directory",
     "from_tfds",
+    "images_only",
     "is_folder_name",
     "load_digits",
-    "normalisation_for",
     "train_pipeline",
     "undecodable_files",
 ]
@@ -105,13 +107,45 @@ class Source(SourceInfo):
     files: tuple[str, ...] | None = None  # the image files of a folder source, in example order
     crop_scale: tuple[float, float] = (0.08, 1.0)
     flip: bool = True
+    bad_images: BadImages | None = None  # a folder's policy for files that fail to decode when read
 
     @property
     def dataset(self) -> tf.data.Dataset:
-        """The examples in stored order, unbatched: `(uint8 (H, W, 3), int32 label)`."""
+        """The examples in stored order, unbatched: `(uint8 (H, W, 3), int32 label)` (a folder's
+        files that fail to decode handled by `bad_images`: `skipping`)."""
         if self.lookup is not None:
-            return tf.data.Dataset.range(self.num_examples).map(self.lookup, num_parallel_calls=AUTOTUNE)
+            examples = tf.data.Dataset.range(self.num_examples).map(
+                lambda index: (*self.lookup(index), index), num_parallel_calls=AUTOTUNE, deterministic=True
+            )
+            return skipping(examples, 0, self.bad_images)
         return self.records().map(self.decode, num_parallel_calls=AUTOTUNE)
+
+
+def skipping(examples: tf.data.Dataset, first: int, bad_images: BadImages | None) -> tf.data.Dataset:
+    """`(image, label, position)` examples (positions counting up from `first`) -> `(image, label)`.
+
+    With `bad_images` skipping, an example whose file fails to decode when read is dropped and
+    counted (a gap in the positions; tf.data cannot name the file: `undecodable_files` does,
+    and TensorFlow logs each error); else an error stops the input (the run driver names the
+    file, `keras_vit.training.runs.fit_checked`). A dropped example shifts the batches after it, so a
+    run resumed past a skipped file is not bit-identical to an uninterrupted one (the JAX/PyTorch
+    input fills the place instead and stays exact).
+    """
+    if bad_images is None or bad_images.action == "stop":
+        return examples.map(lambda image, label, position: (image, label))
+    skipped = tf.Variable(tf.constant(0, tf.int64), trainable=False)
+    bad_images.add_counter(lambda: skipped.numpy())
+
+    def gap(expected, example):
+        image, label, position = example
+        return position + 1, (image, label, position - expected)
+
+    def count(image, label, missing):
+        skipped.assign_add(missing)
+        return image, label
+
+    examples = examples.ignore_errors(log_warning=True)
+    return examples.scan(tf.constant(first, tf.int64), gap).map(count)
 
 
 def _as_rgb(image: tf.Tensor) -> tf.Tensor:
@@ -151,26 +185,6 @@ def _decode_file(path: tf.Tensor) -> tf.Tensor:
     return tf.ensure_shape(decode_image(tf.io.read_file(path), channels=3), (None, None, 3))
 
 
-def _decode_problems(paths: Sequence[str]) -> dict[str, str]:
-    """Why each file that the training's decoder (`_decode_file`) cannot fully decode is bad.
-
-    Every file is decoded once, as training reads it: a file the decoder refuses, and a JPEG
-    that libjpeg decodes only by "recovering" from damaged data (a partly grey image, e.g.
-    bytes lost mid-file with the header and end marker intact), are bad.
-    """
-    problems = {}
-    with caught_stderr() as caught:
-        for path in paths:
-            try:
-                _decode_file(tf.constant(path))
-            except tf.errors.OpError as error:
-                problems[path] = error.message.splitlines()[0]
-            warning = LIBJPEG_WARNINGS.search(caught())
-            if warning and path not in problems:
-                problems[path] = f"damaged JPEG data, libjpeg: {warning.group(0).strip()}"
-    return problems
-
-
 def from_directory(
     path: str | os.PathLike, *, on_bad_image: str = BAD_IMAGE_ACTIONS[0], max_pixels: int | None = MAX_PIXELS
 ) -> Source:
@@ -181,16 +195,16 @@ def from_directory(
     or png, in sorted order. Files are decoded when read, so the folder can exceed memory, and
     as Pillow decodes them (`keras_vit.data.tf_preprocessing.decode_image`).
 
-    Every file is checked first: Pillow reads its header and checks its structure
-    (`keras_vit.data.pyinput.image_problem`), then the files are decoded once as training decodes them
-    (`_decode_problems`). A file that is no image, is damaged (even mid-file, with its header
-    and end marker intact) or truncated, or has more than `max_pixels` pixels (`None`: no
-    limit) is bad.
-    `on_bad_image="stop"` (default) raises `BadImageError` naming the bad files;
-    `"skip"` leaves them out with one warning that counts them.
+    Nothing is decoded first: each file's header and structure are checked by Pillow
+    (`keras_vit.data.pyinput.list_image_folder`; class folders that resolve to another class
+    or hold no image are refused there too). A file that is no image, is truncated, or has
+    more than `max_pixels` pixels (`None`: no limit) is bad: `on_bad_image="stop"` (default)
+    raises `BadImageError` naming the bad files; `"skip"` leaves them out with one warning that
+    counts them. A file that passes the check but fails to decode when read (damaged mid-file)
+    stops the run naming it, or with `"skip"` is dropped and counted (`skipping`).
     """
     root = os.fspath(path)
-    paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels, _decode_problems)
+    paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels)
     path_table = tf.constant(paths)
     label_table = tf.constant(labels, dtype=tf.int32)
 
@@ -208,6 +222,7 @@ def from_directory(
         lookup=lookup,
         class_counts=counts,
         files=tuple(paths),
+        bad_images=BadImages(root, on_bad_image),
     )
 
 
@@ -369,7 +384,7 @@ def train_pipeline(
     crop_scale: tuple[float, float] | None = None,
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
     flip: bool | None = None,
-    interpolation: str = "bilinear",
+    interpolation: str = DEFAULT_INTERPOLATION,
     mixup_alpha: float = 0.0,
 ) -> tf.data.Dataset:
     """Endless training batches `(float32 (B, H, W, 3), int32 (B,))`, resumable at any epoch.
@@ -404,6 +419,10 @@ def train_pipeline(
         return records.enumerate().map(lambda position, record: (pass_index, position, record))
 
     def example(pass_index, position, record):
+        stream_position = pass_index * source.num_examples + position
+        return (*augmented(pass_index, position, record), stream_position)
+
+    def augmented(pass_index, position, record):
         image, label = source.lookup(record) if source.lookup is not None else source.decode(*record)
         crop_key, flip_key = tf.unstack(
             tf.random.experimental.stateless_split(_fold(base_key, _AUGMENT_STREAM, pass_index, position), 2)
@@ -427,6 +446,7 @@ def train_pipeline(
 
     stream = tf.data.Dataset.counter(first_pass).flat_map(one_pass).skip(offset)
     stream = stream.map(example, num_parallel_calls=AUTOTUNE, deterministic=True)
+    stream = skipping(stream, first_pass * source.num_examples + offset, source.bad_images)
     stream = stream.batch(batch_size, drop_remainder=True)
     if mixup_alpha:
         mix = _mixup(mixup_alpha, source.num_classes, _fold(base_key, _MIXUP_STREAM))
@@ -434,6 +454,11 @@ def train_pipeline(
     stream = stream.prefetch(AUTOTUNE)
     # Every worker computes the same global stream and keeps its share: DATA sharding.
     return _with_policy(stream, ShardPolicy.DATA)
+
+
+def images_only(batches: tf.data.Dataset) -> tf.data.Dataset:
+    """`train_pipeline`'s batches without their labels (unlabeled pre-training)."""
+    return batches.map(lambda images, labels: images)
 
 
 def eval_pipeline(

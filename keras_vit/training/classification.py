@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import keras
+import numpy as np
 
 from keras_vit.checkpoints.pretrained import checkpoint_record
-from keras_vit.data.datasets import input_module, load_dataset
+from keras_vit.data.datasets import bad_images_record, input_module, load_dataset
 from keras_vit.models.vit import build_vit, create_model
-from keras_vit.registry.catalog import model_entry
+from keras_vit.registry.catalog import preprocessing_for
 from keras_vit.registry.variants import VARIANTS, ViTConfig, model_config
 from keras_vit.training import optimization, runs
 from keras_vit.training.options import ClassifierOptions, takes_options
@@ -239,10 +240,9 @@ class ClassificationTask:
         )
 
     def _preprocessing(self, network: keras.Model) -> tuple[tuple[int, int], tuple, tuple, str]:
-        entry = model_entry(network)
-        mean, std = input_module().normalisation_for(network)
-        interpolation = (entry.interpolation if entry is not None else None) or "bilinear"
-        return tuple(network.input_shape[1:3]), mean, std, interpolation
+        """The network's size, mean, std and interpolation: the catalog's answer (`preprocessing_for`)."""
+        spec = preprocessing_for(network)
+        return spec.image_size, spec.mean, spec.std, spec.interpolation
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int):
         """tf.data batches on TensorFlow, a `keras.utils.PyDataset` elsewhere: the same plan."""
@@ -281,7 +281,8 @@ class ClassificationTask:
     def _held_out_metrics(self, network: keras.Model, eval_spec) -> tuple[float, float]:
         """The held-out loss and accuracy off TensorFlow: predictions of full batches (the last one
         padded, so that every batch splits between data-parallel devices), the padding dropped,
-        then the compiled loss and top-1 accuracy over the real examples."""
+        then the compiled loss and top-1 accuracy over the real examples (files skipped when read
+        left out)."""
         from keras_vit.data import pyinput
         from keras_vit.training.runs.keras_distribution import predictions_in_every_process
 
@@ -289,8 +290,11 @@ class ClassificationTask:
         batches = pyinput.eval_pipeline(source, eval_spec, batch_size=self.options.batch_size, pad=True)
         with predictions_in_every_process(network):  # each process feeds its rows of every batch
             logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
-        loss = keras.ops.convert_to_numpy(network.loss(source.labels, logits))
-        return float(loss), float((logits.argmax(axis=-1) == source.labels).mean())
+        read = np.ones(source.num_examples, bool)
+        read[sorted(source.bad_images.indices if source.bad_images else ())] = False
+        logits, labels = logits[read], source.labels[read]
+        loss = keras.ops.convert_to_numpy(network.loss(labels, logits))
+        return float(loss), float((logits.argmax(axis=-1) == labels).mean())
 
     def saved_model(self, network: keras.Model) -> keras.Model:
         return network
@@ -312,6 +316,8 @@ class ClassificationTask:
                 "train_examples": self.train_source.num_examples,
                 "test_examples": self.test_source.num_examples,
                 "num_classes": self.train_source.num_classes,
+                "images_per_class": self.train_source.images_per_class(),
+                **bad_images_record(train=self.train_source, test=self.test_source),
                 **(
                     {"train_split": options.train_split, "test_split": options.test_split}
                     if tfds_name

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import keras
 import numpy as np
 
-from keras_vit.data.datasets import input_module, load_unlabeled
+from keras_vit.data.datasets import bad_images_record, input_module, load_unlabeled
 from keras_vit.registry.variants import ViTConfig, model_config
 from keras_vit.training import runs
 from keras_vit.training.masked_patch import (
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from keras_vit.data import tfdata as data
 
 __all__ = [
-    "ImageBatches",
     "MaskedPatchPredictor",
     "MaskedPatchTask",
     "PatchCorruption",
@@ -158,7 +157,7 @@ class MaskedPatchTask:
         )
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int):
-        """Batches of images only (labels dropped): tf.data on TensorFlow, a PyDataset elsewhere."""
+        """Batches of images only (labels dropped), from this backend's input (`input_module`)."""
         batches = input_module().train_pipeline(
             self.source,
             image_size=tuple(network.backbone.input_shape[1:3]),
@@ -170,9 +169,7 @@ class MaskedPatchTask:
             steps_per_epoch=steps_per_epoch,
             **self.augmentation,
         )
-        if keras.backend.backend() == "tensorflow":
-            return batches.map(lambda image, label: image)  # unlabeled: labels are dropped before the model
-        return ImageBatches(batches)
+        return input_module().images_only(batches)  # unlabeled: labels are dropped before the model
 
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
         target = self.options.target
@@ -200,6 +197,7 @@ class MaskedPatchTask:
                 "dataset": runs.describe(self.dataset),
                 "train_examples": self.source.num_examples,
                 "labels_used": False,
+                **bad_images_record(train=self.source),
             },
             "hyperparameters": {
                 **self.schedule,
@@ -219,19 +217,3 @@ class MaskedPatchTask:
                 },
             },
         }
-
-
-class ImageBatches(keras.utils.PyDataset):
-    """The images of `(images, labels)` PyDataset batches (`keras_vit.data.pyinput.train_pipeline`'s):
-    item `i` is `(batches[i][0],)`, so it is as pure a function of `(seed, epoch, index)` as theirs."""
-
-    def __init__(self, batches: keras.utils.PyDataset):
-        super().__init__(workers=batches.workers, use_multiprocessing=False)
-        self.batches = batches
-
-    @property
-    def num_batches(self) -> int | None:
-        return self.batches.num_batches
-
-    def __getitem__(self, index: int) -> tuple[np.ndarray]:
-        return (self.batches[index][0],)

@@ -135,6 +135,21 @@ def note_onednn_off() -> None:
         warnings.warn(_onednn_off_message(), stacklevel=3)
 
 
+def import_tensorflow(feature: str):
+    """`import tensorflow` for `feature`; without it, a `ModuleNotFoundError` naming the extra to install
+    (`tensorflow`: TensorFlow is optional, JAX and PyTorch users install without it)."""
+    try:
+        import tensorflow
+    except ModuleNotFoundError as error:
+        if error.name != "tensorflow":
+            raise
+        raise ModuleNotFoundError(
+            f"{feature} needs TensorFlow, which is not installed: {install_hint('tensorflow')}.",
+            name="tensorflow",
+        ) from None
+    return tensorflow
+
+
 def install_hint(extra: str) -> str:
     """The pip command that installs keras_vit's optional `extra` (`train`, `plots`, `export`, ...)."""
     root = checkout_root()

@@ -1,0 +1,162 @@
+"""Training input speed: images/s of the training input on an ImageNet-like JPEG folder at 224 px.
+
+Readers: keras_vit's JAX/PyTorch input (`keras_vit.data.pyinput.train_pipeline` read through Keras's
+PyDataset adapter, as `fit` reads it), keras_vit's tf.data input (`keras_vit.data.tfdata.train_pipeline`,
+its thread pool capped at the worker count) and timm's (`ImageFolder` + `create_transform(224,
+is_training=True)` + `torch.utils.data.DataLoader(num_workers=N)`); the same folder, inception crop +
+flip, batches of 64. Each (reader, workers) runs in a fresh process (TensorFlow and torch are never
+imported together). Start-up: seconds from the folder's path to the first batch, per 1,000 files
+(imports excluded).
+
+    python benchmarks/input.py --files 2000 --workers 1 2 --out benchmarks/results/input.json
+
+The folder is generated once if missing: `--files` JPEGs of 500x375 (quality 90) in 10 class folders,
+smooth random pictures (JPEG sizes like photos'), seed 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+BATCH, SIZE, CLASSES = 64, 224, 10
+
+
+def make_folder(root: str, files: int) -> None:
+    """`files` JPEGs of 500x375 in `CLASSES` class folders (skipped if the folder holds them already)."""
+    import numpy as np
+    from PIL import Image
+
+    if os.path.isdir(root) and sum(len(names) for _, _, names in os.walk(root)) >= files:
+        return
+    rng = np.random.default_rng(0)
+    for index in range(files):
+        folder = os.path.join(root, f"class{index % CLASSES}")
+        os.makedirs(folder, exist_ok=True)
+        coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+        picture = Image.fromarray(coarse).resize((500, 375), Image.Resampling.BICUBIC)
+        noise = rng.integers(-12, 13, (375, 500, 3))
+        pixels = np.clip(np.asarray(picture, dtype=np.int16) + noise, 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(os.path.join(folder, f"{index:05d}.jpg"), quality=90)
+
+
+def _keras_vit_pyinput(root: str, workers: int):
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    from keras_vit.data import pyinput
+
+    yield  # imported: the start-up clock starts here
+    source = pyinput.from_directory(root)
+    batches = pyinput.train_pipeline(
+        source, image_size=SIZE, batch_size=BATCH, seed=0, steps_per_epoch=10_000, workers=workers
+    )
+    yield from PyDatasetAdapter(batches, shuffle=False).get_numpy_iterator()
+
+
+def _keras_vit_tfdata(root: str, workers: int):
+    import tensorflow as tf
+
+    from keras_vit.data import tfdata
+
+    yield  # imported: the start-up clock starts here
+    source = tfdata.from_directory(root)
+    batches = tfdata.train_pipeline(source, image_size=SIZE, batch_size=BATCH, seed=0, steps_per_epoch=10_000)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = workers
+    yield from batches.with_options(options).as_numpy_iterator()
+
+
+def _timm(root: str, workers: int):
+    import torch
+    from timm.data import ImageDataset, create_transform
+
+    yield  # imported: the start-up clock starts here
+    dataset = ImageDataset(root, transform=create_transform(SIZE, is_training=True))
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True, persistent_workers=True
+    )
+
+    while True:
+        yield from loader
+
+
+READERS = {"keras_vit-pyinput": _keras_vit_pyinput, "keras_vit-tfdata": _keras_vit_tfdata, "timm": _timm}
+
+
+def measure(reader: str, root: str, workers: int, batches: int) -> dict:
+    """One reader's start-up (path to first batch) and images/s over `batches` batches after 2."""
+    files = sum(len(names) for _, _, names in os.walk(root))
+    stream = READERS[reader](root, workers)
+    next(stream)  # the reader's imports, outside the clock
+    started = time.perf_counter()
+    next(stream)
+    startup = time.perf_counter() - started
+    next(stream)
+    timed = time.perf_counter()
+    for _ in range(batches):
+        next(stream)
+    seconds = time.perf_counter() - timed
+    return {
+        "reader": reader,
+        "workers": workers,
+        "images_per_s": round(batches * BATCH / seconds, 1),
+        "startup_s_per_1000_files": round(startup * 1000 / files, 3),
+        "files": files,
+        "batches_timed": batches,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", default="/tmp/keras_vit_input_bench")
+    parser.add_argument("--files", type=int, default=2000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--readers", nargs="+", default=list(READERS), choices=list(READERS))
+    parser.add_argument("--out")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # run one reader here and print its JSON
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args.folder, args.workers[0], args.batches)))
+        return
+    make_folder(args.folder, args.files)
+    results = []
+    for workers in args.workers:
+        for reader in args.readers:
+            command = [sys.executable, __file__, "--one", reader, "--folder", args.folder]
+            command += ["--workers", str(workers), "--batches", str(args.batches)]
+            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            results.append(json.loads(output.strip().splitlines()[-1]))
+            print(json.dumps(results[-1]), flush=True)
+    for row in results:
+        same = [other for other in results if other["workers"] == row["workers"]]
+        timm = [other for other in same if other["reader"] == "timm"]
+        if timm:
+            row["vs_timm"] = round(row["images_per_s"] / timm[0]["images_per_s"], 2)
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    record = {
+        "results": results,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_at_end": os.getloadavg(),
+            "lscpu": {
+                key.strip(): value.strip()
+                for key, value in (line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+                if key.strip() in ("Model name", "CPU(s)", "Flags")
+            },
+            "python": platform.python_version(),
+        },
+        "command": " ".join(sys.argv),
+    }
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as file:
+            json.dump(record, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
