@@ -35,7 +35,13 @@ from keras_vit.registry.variants import ViTConfig
 from keras_vit.training.options import RunOptions
 from keras_vit.training.recipes import Recipe
 from keras_vit.training.runs import keras_distribution
-from keras_vit.training.runs.backup import BackupMismatchError, EpochBackup, remove_backup, write_json
+from keras_vit.training.runs.backup import (
+    BackupMismatchError,
+    EpochBackup,
+    check_backup_folder,
+    remove_backup,
+    write_json,
+)
 from keras_vit.training.runs.plan import execution_steps, plan_steps
 from keras_vit.training.runs.report import now, resolve_paths, run_report
 from keras_vit.utils import environment
@@ -250,6 +256,7 @@ def fit_task(
     chief = distribution.is_chief(strategy)
     backup_dir = distribution.worker_dir(os.path.join(output_dir, "backup"), strategy)
     refuse_overlap(output_dir, [arguments.get(name) for name in _INPUT_ARGUMENTS])
+    check_backup_folder(output_dir, backup_dir)
     with RunLock(output_dir if chief else backup_dir):  # released however the run ends
         run = {key: value for key, value in arguments.items() if key not in _FREE_ON_RESUME}
         backup = open_run_folder(
