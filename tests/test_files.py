@@ -287,6 +287,28 @@ def test_a_backup_folder_that_is_a_link_is_neither_entered_nor_written(tmp_path)
     assert _names(output) == ["backup"]
 
 
+def test_without_an_output_folder_each_run_gets_its_own(tmp_path, monkeypatch, capsys):
+    """`keras-vit train` without --output-dir: vit_run, else the first of vit_run-2, ... without a
+    finished run (an unfinished one is resumed there); --output-dir keeps the folder as typed."""
+    from keras_vit.cli import commands
+
+    monkeypatch.chdir(tmp_path)
+    parser = cli.build_parser()
+    defaulted, typed = parser.parse_args(["train"]), parser.parse_args(["train", "--output-dir", "vit_run"])
+    for args in (defaulted, typed):
+        commands._run_folder(args, "model.keras")
+        assert args.output_dir == "vit_run"
+    for name in ("vit_run", "vit_run-2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.keras").write_bytes(b"a finished run")
+    (tmp_path / "vit_run-3" / "backup").mkdir(parents=True)  # an unfinished run: resumed, not skipped
+    defaulted, typed = parser.parse_args(["train"]), parser.parse_args(["train", "--output-dir", "vit_run"])
+    commands._run_folder(defaulted, "model.keras")
+    commands._run_folder(typed, "model.keras")
+    assert (defaulted.output_dir, typed.output_dir) == ("vit_run-3", "vit_run")
+    assert "vit_run holds a finished run: this run writes to vit_run-3" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_training_never_replaces_a_finished_run_unless_asked(tmp_path, capsys):
     output = tmp_path / "run"
@@ -394,6 +416,11 @@ def test_save_pretrained_records_checksums_and_load_verifies_them(tiny, tmp_path
         keras_vit.create_model(TINY, folder, num_classes=5)
     with pytest.raises(ChecksumError, match=r"model\.safetensors does not match"):
         keras_vit.load_weights(keras_vit.build_vit(TINY, num_classes=5), folder)
+    with pytest.raises(ChecksumError, match=r"model\.safetensors does not match"):  # the file, not the folder
+        keras_vit.load_weights(keras_vit.build_vit(TINY, num_classes=5), folder / "model.safetensors")
+    keras_vit.load_weights(
+        keras_vit.build_vit(TINY, num_classes=5), folder / "model.safetensors", verify=False
+    )
     keras_vit.create_model(TINY, folder, num_classes=5, verify=False)  # the opt-out
     assert cli.main(["convert", str(folder), str(tmp_path / "out.keras")]) == 1
     assert cli.main(["convert", str(folder), str(tmp_path / "out.keras"), "--no-verify"]) == 0
