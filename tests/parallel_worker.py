@@ -105,6 +105,15 @@ def _slices(index, shape) -> list[slice]:
     ]
 
 
+def _fit_uneven_batch() -> None:
+    """`fit` of 10 rows in one batch over 8 replicas: refused at that batch."""
+    with make_distribution().scope():
+        model = keras_vit.build_vit(CONFIG, num_classes=4)
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        images = np.zeros((10, 16, 16, 3), "float32")
+        model.fit(images, np.zeros(10, "int32"), batch_size=10, epochs=1, verbose=0)
+
+
 def bad_input_messages() -> dict:
     cases = {
         "heads": lambda: make_distribution(2, model="vit_ti16"),  # 3 heads
@@ -118,6 +127,9 @@ def bad_input_messages() -> dict:
             2, model=keras_vit.build_vit(ViTConfig("odd_heads", 4, 48, 1, 3, 64, image_size=16))
         ),
         "not_a_vit": lambda: make_distribution(2, model=keras.Sequential(name="other")),
+        "no_devices": lambda: make_distribution(devices=[]),
+        "repeated_devices": lambda: make_distribution(devices=keras.distribution.list_devices()[:1] * 2),
+        "uneven_batch": _fit_uneven_batch,
     }
     messages = {}
     for case, attempt in cases.items():

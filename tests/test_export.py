@@ -92,6 +92,7 @@ bad = {
     "not_an_image": ("serving_bytes", "image_bytes", tf.constant([b"this is not an image"])),
     "rank_2_bytes": ("serving_bytes", "image_bytes", tf.constant([[b"x"]])),
     "wrong_size_pixels": ("serving_preprocessed", "pixels", tf.zeros((1, 31, 48, 3))),
+    "nan_pixels": ("serving_preprocessed", "pixels", tf.fill((1, 32, 48, 3), float("nan"))),
 }
 for key, (signature, name, value) in bad.items():
     try:
@@ -257,6 +258,7 @@ def test_bad_requests_fail_clearly(served):
         "not_an_image": "Unknown image file format",
         "rank_2_bytes": "Shape of tensor image_bytes [1,1] is not compatible with expected shape [?]",
         "wrong_size_pixels": "tensor pixels [1,31,48,3] is not compatible with expected shape [?,32,48,3]",
+        "nan_pixels": "serving_preprocessed got NaN or infinite values",
     }
     for key, fragment in expected.items():
         assert report["errors"][key] is not None, f"{key} was served"

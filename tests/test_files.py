@@ -192,6 +192,21 @@ def test_run_lock_names_the_holder_and_is_taken_over_after_sigkill(tmp_path):
     assert _names(folder) == []  # the lock file goes with the run
 
 
+def test_run_lock_never_writes_through_a_planted_link(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    (folder / LOCK_FILE).symlink_to("../precious.txt")
+    with pytest.raises(FileExistsError, match=r"\.keras_vit-run\.lock is a symbolic link .*remove the link"):
+        RunLock(folder).acquire()
+    os.remove(folder / LOCK_FILE)
+    os.link(precious, folder / LOCK_FILE)  # a hard link: the same file under the lock's name
+    with pytest.raises(FileExistsError, match=r"has other names \(hard links\)"):
+        RunLock(folder).acquire()
+    assert precious.read_text() == "the user's"
+
+
 def test_training_refuses_a_locked_run_folder(tmp_path):
     folder = tmp_path / "run"
     holder = _hold_lock(folder)
@@ -241,6 +256,57 @@ def test_backup_with_an_edited_state_is_treated_as_damaged(tmp_path):
     (tmp_path / "with_previous" / "state.json").write_text(json.dumps({**previous, "epoch": 5}))
     with pytest.warns(UserWarning, match=r"Damaged backup ignored: .*state\.json does not match its own"):
         assert runs.EpochBackup(tmp_path / "with_previous", run).epoch == 3
+
+
+def test_removing_a_backup_removes_only_what_the_run_wrote(tmp_path):
+    backup = tmp_path / "run" / "backup"
+    _backup_of(backup, {"steps": 16})
+    (backup / "state.json.partial").write_text("{")
+    (backup / "settings.json").write_text("the user's")
+    (backup / "notes.weights.h5").write_text("the user's")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "epoch-000001.weights.h5").write_text("the user's")
+    (backup / "epoch-000001.weights.h5").symlink_to(elsewhere / "epoch-000001.weights.h5")
+    runs.remove_backup(str(backup))
+    assert _names(backup) == ["epoch-000001.weights.h5", "notes.weights.h5", "settings.json"]
+    assert (elsewhere / "epoch-000001.weights.h5").read_text() == "the user's"
+
+
+def test_a_backup_folder_that_is_a_link_is_neither_entered_nor_written(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    _backup_of(elsewhere, {"steps": 16})
+    kept = _names(elsewhere)
+    output = tmp_path / "run"
+    output.mkdir()
+    (output / "backup").symlink_to(elsewhere)
+    runs.remove_backup(str(output / "backup"))
+    with pytest.raises(ValueError, match=r"backup is a symbolic link \(to .*elsewhere\).*Remove the link"):
+        training.train(RUN_TINY, output_dir=output, steps=2, batch_size=32, verbose=0)
+    assert _names(elsewhere) == kept
+    assert _names(output) == ["backup"]
+
+
+def test_without_an_output_folder_each_run_gets_its_own(tmp_path, monkeypatch, capsys):
+    """`keras-vit train` without --output-dir: vit_run, else the first of vit_run-2, ... without a
+    finished run (an unfinished one is resumed there); --output-dir keeps the folder as typed."""
+    from keras_vit.cli import commands
+
+    monkeypatch.chdir(tmp_path)
+    parser = cli.build_parser()
+    defaulted, typed = parser.parse_args(["train"]), parser.parse_args(["train", "--output-dir", "vit_run"])
+    for args in (defaulted, typed):
+        commands._run_folder(args, "model.keras")
+        assert args.output_dir == "vit_run"
+    for name in ("vit_run", "vit_run-2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.keras").write_bytes(b"a finished run")
+    (tmp_path / "vit_run-3" / "backup").mkdir(parents=True)  # an unfinished run: resumed, not skipped
+    defaulted, typed = parser.parse_args(["train"]), parser.parse_args(["train", "--output-dir", "vit_run"])
+    commands._run_folder(defaulted, "model.keras")
+    commands._run_folder(typed, "model.keras")
+    assert (defaulted.output_dir, typed.output_dir) == ("vit_run-3", "vit_run")
+    assert "vit_run holds a finished run: this run writes to vit_run-3" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -310,6 +376,16 @@ def test_save_pretrained_replaces_only_its_own_earlier_output(tiny, tmp_path):
     assert _names(theirs) == ["README.md"]
 
 
+def test_save_pretrained_overwrite_keeps_a_file_the_user_changed(tiny, tmp_path):
+    folder = keras_vit.save_pretrained(tiny, tmp_path / "shared")
+    keras_vit.save_pretrained(tiny, folder, overwrite=True)  # its own card, unchanged: replaced
+    (folder / "README.md").write_text("the user's own card")
+    before = {name: (folder / name).read_bytes() for name in _names(folder)}
+    with pytest.raises(FileExistsError, match=r"already has README\.md, not written by keras_vit or changed"):
+        keras_vit.save_pretrained(tiny, folder, "hf", overwrite=True)
+    assert {name: (folder / name).read_bytes() for name in _names(folder)} == before
+
+
 def test_save_pretrained_records_checksums_and_load_verifies_them(tiny, tmp_path):
     folder = keras_vit.save_pretrained(tiny, tmp_path / "shared")
     metadata = json.loads((folder / "keras_vit.json").read_text())
@@ -340,6 +416,11 @@ def test_save_pretrained_records_checksums_and_load_verifies_them(tiny, tmp_path
         keras_vit.create_model(TINY, folder, num_classes=5)
     with pytest.raises(ChecksumError, match=r"model\.safetensors does not match"):
         keras_vit.load_weights(keras_vit.build_vit(TINY, num_classes=5), folder)
+    with pytest.raises(ChecksumError, match=r"model\.safetensors does not match"):  # the file, not the folder
+        keras_vit.load_weights(keras_vit.build_vit(TINY, num_classes=5), folder / "model.safetensors")
+    keras_vit.load_weights(
+        keras_vit.build_vit(TINY, num_classes=5), folder / "model.safetensors", verify=False
+    )
     keras_vit.create_model(TINY, folder, num_classes=5, verify=False)  # the opt-out
     assert cli.main(["convert", str(folder), str(tmp_path / "out.keras")]) == 1
     assert cli.main(["convert", str(folder), str(tmp_path / "out.keras"), "--no-verify"]) == 0

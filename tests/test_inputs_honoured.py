@@ -390,7 +390,10 @@ def test_cli_inspect_takes_the_runs_model(run_folder, tmp_path, capsys):
         (["pretrain", "--on-bad-image", "skip"], "(--on-bad-image) applies to image folders only"),
     ],
 )
-def test_cli_flag_a_mode_cannot_honour_is_refused_first(run_folder, tmp_path, capsys, arguments, message):
+def test_cli_flag_a_mode_cannot_honour_is_refused_first(
+    run_folder, tmp_path, capsys, monkeypatch, arguments, message
+):
+    monkeypatch.chdir(tmp_path)  # train and pretrain without --output-dir: never the user's vit_run/
     two_names = tmp_path / "two.txt"
     two_names.write_text("cat\ndog\n")
     values = dict(
@@ -405,6 +408,7 @@ def test_cli_flag_a_mode_cannot_honour_is_refused_first(run_folder, tmp_path, ca
     assert code in (1, 2) and out == ""
     assert message.format(**values) in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists() and sorted(run_folder.rglob("*")) == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["two.txt"]  # no run folder either
 
 
 @pytest.mark.parametrize("command", ["train", "pretrain"])

@@ -217,6 +217,128 @@ def test_processes_whose_backups_disagree_stop_with_one_clear_error(tmp_path):
         assert "disagree on the epoch their backups resume after: [3, 4] (by process)" in log, log[-3000:]
 
 
+# Every process ends within this (the processes wait --join-timeout for each other).
+AGREEMENT_SECONDS = 60
+JOIN = {
+    "model": "vit_digits",
+    "image_size": 16,
+    "batch_size": 16,
+    "steps": 4,
+    "verbose": 0,
+    "join_timeout": 5,
+}
+
+
+def _cli(arguments: dict, cwd: Path) -> subprocess.Popen:
+    """`keras-vit train` with `arguments` as flags, on JAX with 2 CPU devices, in `cwd`."""
+    flags = [
+        word for name, value in arguments.items() for word in (f"--{name.replace('_', '-')}", str(value))
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "keras_vit.cli", "train", *flags],
+        cwd=cwd,
+        env=subprocess_env(KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _errors_within(processes: list[subprocess.Popen], seconds: float) -> list[str]:
+    """Each process's one `keras-vit: error:` line; every process must end with status 1 within `seconds`."""
+    started, lines = time.monotonic(), []
+    try:
+        for process in processes:
+            _, stderr = process.communicate(timeout=max(seconds - (time.monotonic() - started), 1))
+            errors = [line for line in stderr.splitlines() if "error:" in line]
+            assert process.returncode == 1 and len(errors) == 1, stderr[-3000:]
+            assert errors[0].startswith("keras-vit: error: ") and "Traceback" not in stderr
+            lines.append(errors[0])
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return lines
+
+
+def _pair(first: dict, second: dict, cwd: Path) -> list[subprocess.Popen]:
+    coordinator = {"coordinator": _free_address(), "num_processes": 2}
+    return [
+        _cli({**JOIN, "output_dir": "run", **coordinator, "process_id": 0, **first}, cwd),
+        _cli({**JOIN, "output_dir": "run", **coordinator, "process_id": 1, **second}, cwd),
+    ]
+
+
+def test_processes_started_with_different_seeds_stop_naming_the_seed(tmp_path):
+    lines = _errors_within(_pair({}, {"seed": 3}, tmp_path), AGREEMENT_SECONDS)
+    for line in lines:
+        assert "different arguments: --seed: 0 (process 0), 3 (process 1)" in line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "second, named",
+    [
+        ({"batch_size": 32}, "--batch-size: 16 (process 0), 32 (process 1)"),
+        ({"steps": 8}, "--steps: 4 (process 0), 8 (process 1)"),
+        ({"output_dir": "other"}, "--output-dir: "),
+        ({"process_id": 0}, None),
+    ],
+    ids=["batch-size", "steps", "output-dir", "process-id-twice"],
+)
+def test_processes_that_disagree_all_stop_with_one_line_naming_it(second, named, tmp_path):
+    lines = _errors_within(_pair({}, second, tmp_path), AGREEMENT_SECONDS)
+    if named is not None:
+        assert all(named in line for line in lines), lines
+    else:  # the second process 0 cannot take the port; the first waits for a process 1 in vain
+        assert "did not join within 5 s" in lines[0] and "--process-id 0 given twice?" in lines[1]
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("process_id", [0, 1])
+def test_a_process_without_partners_stops_within_its_wait(process_id, tmp_path):
+    """Process 0 alone: its partner never came; process 1 alone: nobody listens at the coordinator."""
+    alone = _cli(
+        {
+            **JOIN,
+            "output_dir": "run",
+            "coordinator": _free_address(),
+            "num_processes": 2,
+            "process_id": process_id,
+        },
+        tmp_path,
+    )
+    (line,) = _errors_within([alone], AGREEMENT_SECONDS)
+    assert (
+        "did not join within 5 s" if process_id == 0 else "Cannot reach process 0 at the coordinator"
+    ) in line
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_partner_killed_mid_run_stops_the_other_with_one_line(tmp_path):
+    """Process 1 SIGKILLed after the first backup: process 0 stops within the wait, its backup intact."""
+    started = _pair({"steps": 400, "steps_per_epoch": 10}, {"steps": 400, "steps_per_epoch": 10}, tmp_path)
+    backup = tmp_path / "run" / "backup"
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while backup_epoch(backup) < 1:
+            assert all(process.poll() is None for process in started) and time.monotonic() < deadline
+            time.sleep(0.05)
+        started[1].kill()
+        started[1].wait()
+        (line,) = _errors_within(started[:1], AGREEMENT_SECONDS)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "stop" in line and "backup is kept" in line
+    assert backup_epoch(backup) >= 1  # the last complete backup, verified
+
+
 @pytest.mark.parametrize("mixup_alpha", [0.0, 0.2])
 def test_the_processes_rows_make_up_the_global_batch(mixup_alpha):
     """Each process prepares its rows of a global batch (with mixup, blended with the rows they mirror)."""
@@ -242,6 +364,12 @@ def test_the_processes_rows_make_up_the_global_batch(mixup_alpha):
         ),
         ("jax", ["--num-processes", "0"], {}, "--num-processes"),
         ("jax", ["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"], {}, "HOST:PORT"),
+        (
+            "jax",
+            ["--coordinator", "http://localhost:1234", "--num-processes", "2", "--process-id", "0"],
+            {},
+            "HOST:PORT",
+        ),
         ("jax", ["--coordinator", "localhost:1234"], {}, "give --num-processes, --process-id too"),
         (
             "jax",
@@ -270,6 +398,7 @@ def test_the_processes_rows_make_up_the_global_batch(mixup_alpha):
         "id-out-of-range",
         "no-processes",
         "no-port",
+        "scheme",
         "not-together",
         "variable-out-of-range",
         "torch",

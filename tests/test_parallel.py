@@ -179,6 +179,9 @@ def test_every_shard_sits_where_the_layout_map_says(runs, run):
         ("unknown_variant", ["Unknown ViT variant 'vit_x99'"]),
         ("model_heads", ["odd_heads's 3 attention heads", "one of [1]"]),
         ("not_a_vit", ["not a keras_vit.ViT"]),
+        ("no_devices", ["devices is empty"]),
+        ("repeated_devices", ["more than once", "give each device once"]),
+        ("uneven_batch", ["A batch of 10 rows cannot be split between the distribution's 8 replicas"]),
     ],
 )
 def test_bad_input_gets_one_clear_error(bad_input_messages, case, fragments):

@@ -493,6 +493,16 @@ def read_shared(
     return str(folder / metadata["weights"]), metadata
 
 
+def _record_of(path: str) -> dict | None:
+    """The `keras_vit.json` beside the file `path` when it names `path` as its weights, else `None`:
+    the file of a `save_pretrained` folder is read (and verified) as the folder is."""
+    record = Path(path).expanduser().parent / METADATA_FILE
+    if not record.is_file():
+        return None
+    metadata = _read_metadata(record)
+    return metadata if metadata["weights"] == os.path.basename(path) else None
+
+
 def metadata_sha256(metadata: Mapping) -> str:
     """The SHA-256 of a `keras_vit.json`'s content but its own `sha256` field."""
     return json_sha256({key: value for key, value in metadata.items() if key != "sha256"})
@@ -580,7 +590,8 @@ def resolve_pretrained(
 
     `source`: `True` (the variant's default tag), a tag (short with `variant`, or full), a
     local file (format detected), a `save_pretrained` folder, or a hub repo id (`"org/name"`,
-    or `"hf-hub:org/name"`). A folder's or repo's `keras_vit.json`, if any, gives the weights
+    or `"hf-hub:org/name"`). A folder's or repo's `keras_vit.json` (also when `source` is the
+    weights file it names), if any, gives the weights
     file, format, head count, numerics and layout exactly, and with `verify` the SHA-256
     checksums it records are checked before the weights are read (`verify_shared`: a changed
     file is a `ChecksumError` naming it). With `variant`, a checkpoint of another architecture
@@ -594,6 +605,8 @@ def resolve_pretrained(
         path, entry, from_hub = _locate(source, variant, cache_dir)
         if os.path.isdir(path):
             path, metadata = read_shared(path)
+        elif not from_hub:  # the weights file of a save_pretrained folder: that folder's record
+            metadata = _record_of(path)
     if metadata is not None and verify:
         verify_shared(Path(path).parent, metadata, complete=not from_hub)
     label = f"checkpoint {entry.tag!r}" if entry else f"checkpoint {os.fspath(source)!r}"

@@ -480,10 +480,20 @@ def check_run_options(args) -> None:
     args.options_class(**_options(args)).processes()
 
 
+def _run_folder(args, saved_file: str) -> None:
+    """Without `--output-dir`, each run gets a folder of its own: the default one, or the first of
+    `vit_run-2`, `vit_run-3`, ... without a finished run (`new_run_folder`); `--output-dir` as typed."""
+    if "output_dir" not in getattr(args, "given", ()):
+        from keras_vit.training.runs.driver import new_run_folder
+
+        args.output_dir = new_run_folder(args.output_dir, saved_file)
+
+
 def run_train(args) -> int:
     """`train` and `finetune`: `keras_vit.training.train` with the command's recipe."""
     from keras_vit.training import classification as training
 
+    _run_folder(args, "model.keras")
     result = training.train(_model_config(args), args.dataset, recipe=args.recipe, **_options(args))
     report = result.report
     print(
@@ -498,6 +508,7 @@ def run_pretrain(args) -> int:
     """`pretrain`: `keras_vit.training.pretrain.pretrain` (masked patch prediction)."""
     from keras_vit.training import pretrain
 
+    _run_folder(args, "backbone.keras")
     result = pretrain.pretrain(_model_config(args), args.dataset, **_options(args))
     report = result.report
     accuracy = "" if report["patch_accuracy"] is None else f", patch accuracy {report['patch_accuracy']:.2%}"

@@ -73,6 +73,14 @@ def _option_type(spec, nargs: int | None):
     return validation.cli_type(checked, parse, **dict(spec.bounds))
 
 
+class _StoreGiven(argparse._StoreAction):
+    """argparse's `store`, noting the option in `namespace.given` (the options typed, not defaulted)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
 def add_options(
     parser: argparse.ArgumentParser,
     options_class: type[RunOptions],
@@ -94,7 +102,7 @@ def add_options(
         text = spec.help_text(context)
         if default is not None and "default" not in text:
             text += f" (default {default})"
-        settings = dict(dest=field.name, default=default, help=text.replace("%", "%%"))
+        settings = dict(dest=field.name, default=default, help=text.replace("%", "%%"), action=_StoreGiven)
         if spec.switch:
             settings["action"] = argparse.BooleanOptionalAction
         elif spec.choices is not None and spec.parse is None:

@@ -8,7 +8,7 @@ that share their outputs:
 |---|---|---|
 | `serving_default` | `images` | uint8 `(batch, height, width, channels)`, any height and width |
 | `serving_bytes` | `image_bytes` | string `(batch,)`: encoded JPEG / PNG / GIF / BMP / WebP files |
-| `serving_preprocessed` | `pixels` | float32 `(batch, H, W, channels)`: the model's own input |
+| `serving_preprocessed` | `pixels` | float32 `(batch, H, W, channels)`: the model's own input, finite |
 
 Outputs: `probabilities` float32 `(batch, classes)`; `top_k_indices` int32 `(batch, k)`;
 `top_k_scores` float32 `(batch, k)`; and, when class names are known, `top_k_classes` string
@@ -349,7 +349,14 @@ def export_serving(
 
     @tf.function(input_signature=[tf.TensorSpec((None, height, width, channels), tf.float32, name="pixels")])
     def serve_pixels(pixels):
-        return predict(tf.ensure_shape(pixels, (None, height, width, channels), name="pixels"))
+        pixels = tf.ensure_shape(pixels, (None, height, width, channels), name="pixels")
+        return predict(
+            tf.debugging.assert_all_finite(
+                pixels,
+                "pixels: serving_preprocessed got NaN or infinite values, which give meaningless scores: "
+                "send finite normalised pixels (or uint8 images to serving_default).",
+            )
+        )
 
     archive = keras.export.ExportArchive()
     archive.track(model)

@@ -18,11 +18,12 @@ not fit, before anything is written.
 Nothing else in the folder is touched: `save_pretrained` writes only its own files (the
 format's, `keras_vit.json`, `README.md`), a new folder beside its place then renamed into it,
 and `overwrite=True` replaces only what an earlier `save_pretrained` wrote there (the files
-its `keras_vit.json` lists), never the folder's other contents. `keras_vit.json` records the
-SHA-256 of every file written but the model card (`files`) and of its own content
-(`sha256`); `load_pretrained`, `create_model(pretrained=folder)` and `load_weights` verify
-them, so a changed weight or an edited config is an error naming the file (`verify=False`
-loads files edited on purpose).
+its `keras_vit.json` lists, unchanged since), never the folder's other contents. `keras_vit.json`
+records the SHA-256 of every file written but the model card (`files`; the card's,
+`card_sha256`, only tells `overwrite` whether it was edited since) and of its own content
+(`sha256`); `load_pretrained`, `create_model(pretrained=folder)` and `load_weights` verify them,
+so a changed weight or an edited config is an error naming the file (`verify=False` loads files
+edited on purpose).
 """
 
 from __future__ import annotations
@@ -98,20 +99,25 @@ def _metadata(model: keras.Model, format: str, weights: str, preprocessing: Prep
 
 
 def _earlier_output(directory: Path) -> set[str]:
-    """The files an earlier `save_pretrained` wrote into `directory`: those its `keras_vit.json` names."""
+    """The files an earlier `save_pretrained` wrote into `directory` and nobody changed since: those its
+    `keras_vit.json` names with the SHA-256 they still have (`files`, `card_sha256` for the card)."""
     try:
         metadata = json.loads((directory / METADATA_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         metadata = None
-    if not isinstance(metadata, dict):  # none, or damaged: only the names keras_vit always writes
-        return {METADATA_FILE, CARD_FILE} if (directory / METADATA_FILE).is_file() else set()
-    named = set(metadata.get("files") or {}) | {metadata.get("weights")}
-    if metadata.get("format") in FORMATS:
-        named |= set(FORMATS[metadata["format"]].files)
-    return {name for name in named if isinstance(name, str) and name == os.path.basename(name)} | {
-        METADATA_FILE,
-        CARD_FILE,
-    }
+    if not isinstance(metadata, dict):  # none, or damaged: only the record itself is keras_vit's
+        return {METADATA_FILE} if (directory / METADATA_FILE).is_file() else set()
+    recorded = dict(metadata.get("files") or {})
+    recorded[CARD_FILE] = metadata.get("card_sha256")
+    return {
+        name
+        for name, digest in recorded.items()
+        if isinstance(name, str)
+        and name == os.path.basename(name)
+        and (directory / name).is_file()
+        and not (directory / name).is_symlink()
+        and file_sha256(directory / name) == digest
+    } | {METADATA_FILE}
 
 
 def _signed(metadata: dict) -> dict:
@@ -141,7 +147,9 @@ def save_pretrained(
         preprocessing: the model's `Preprocessing`, default `preprocessing_for(model)`.
         report: a training run's `report.json` (path or dict) for the model card.
         overwrite: replace keras_vit's own earlier output in `directory` (the files an earlier
-            `save_pretrained` wrote there, listed in its `keras_vit.json`), and only that.
+            `save_pretrained` wrote there, listed in its `keras_vit.json` with the checksum they
+            still have), and only that: a file since edited or replaced, the model card included,
+            is the user's.
 
     Raises `NotExpressibleError` for a model the format cannot express, `FileExistsError` for
     earlier output without `overwrite` or a file of the same name that keras_vit did not
@@ -162,6 +170,7 @@ def save_pretrained(
         metadata = _metadata(model, format, weights, preprocessing, labels)
         (staging / CARD_FILE).write_text(model_card(model, metadata, run_report), encoding="utf-8")
         metadata["files"] = {name: file_sha256(staging / name) for name in sorted(writer.files)}
+        metadata["card_sha256"] = file_sha256(staging / CARD_FILE)  # not verified on load: for overwrite
         signed = _signed(metadata)
         (staging / METADATA_FILE).write_text(json.dumps(signed, indent=2), encoding="utf-8")
 

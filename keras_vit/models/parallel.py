@@ -131,7 +131,9 @@ def make_distribution(
 
     Raises ValueError (before anything is built) when the backend is not JAX, `model_parallel`
     is not a positive int, exceeds or does not divide the number of devices, or does not divide
-    the model's heads or MLP width.
+    the model's heads or MLP width, and when `devices` is empty or names a device twice. The
+    distribution refuses a batch its replicas cannot split (`ValueError` from `fit`, `predict`, ...,
+    at that batch) instead of compiling a slow uneven step.
     """
     _check_backend()
     if (
@@ -143,6 +145,16 @@ def make_distribution(
             f"model_parallel must be a positive int (1: data parallel only), got {model_parallel!r}."
         )
     devices = list(keras.distribution.list_devices() if devices is None else devices)
+    if not devices:
+        raise ValueError(
+            "devices is empty: give at least one (keras.distribution.list_devices() lists them)."
+        )
+    repeated = sorted({str(device) for device in devices if devices.count(device) > 1})
+    if repeated:
+        raise ValueError(
+            f"devices lists {', '.join(repeated)} more than once: give each device once "
+            "(keras.distribution.list_devices() lists them)."
+        )
     if model_parallel > len(devices):
         raise ValueError(
             f"model_parallel={model_parallel} needs at least {model_parallel} devices, but only "
@@ -156,12 +168,40 @@ def make_distribution(
             f"(replicas, {model_parallel}) mesh: use one of {divisors}, or pass devices= a multiple of it."
         )
     if model_parallel == 1:
-        return keras.distribution.DataParallel(devices=devices)
+        return DataParallel(devices=devices)
     _check_model_splits(model, model_parallel)
     mesh = keras.distribution.DeviceMesh(
         (len(devices) // model_parallel, model_parallel), ("batch", "model"), devices
     )
-    return keras.distribution.ModelParallel(layout_map=get_layout_map(mesh), batch_dim_name="batch")
+    return ModelParallel(layout_map=get_layout_map(mesh), batch_dim_name="batch")
+
+
+class _EvenBatches:
+    """A distribution that refuses, at once, a batch its replicas cannot split (Keras would compile a
+    slow uneven step, and a multi-process run would hang on it)."""
+
+    def get_data_layout(self, data_shape):
+        if len(data_shape):
+            mesh = self.device_mesh
+            replicas = int(mesh.shape[mesh.axis_names.index(self.batch_dim_name)])
+            import jax
+
+            rows = int(data_shape[0]) * jax.process_count()  # each process gives its own rows
+            if rows % replicas:
+                raise ValueError(
+                    f"A batch of {rows} rows cannot be split between the distribution's {replicas} replicas: "
+                    f"use a batch size divisible by {replicas}, and a dataset whose last batch is full too "
+                    "(drop or pad the remainder, e.g. tf.data's batch(..., drop_remainder=True))."
+                )
+        return super().get_data_layout(data_shape)
+
+
+class DataParallel(_EvenBatches, keras.distribution.DataParallel):
+    """`keras.distribution.DataParallel` that refuses a batch its replicas cannot split."""
+
+
+class ModelParallel(_EvenBatches, keras.distribution.ModelParallel):
+    """`keras.distribution.ModelParallel` that refuses a batch its replicas cannot split."""
 
 
 def _check_backend() -> None:

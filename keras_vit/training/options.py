@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -155,11 +156,15 @@ def _steps_per_execution(text: str) -> int | str:
     return value
 
 
+# A host name, an IPv4 address, or an IPv6 address in brackets: no scheme (http://), path or user.
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
 def _job_addresses(name: str, value) -> str:
     """`HOST:PORT` (or Keras's comma-separated list of them, process 0's first), the port in 1..65535."""
     for address in value.split(",") if isinstance(value, str) else [value]:
         host, _, port = address.strip().rpartition(":") if isinstance(address, str) else ("", "", "")
-        if not (host and port.isdigit() and 1 <= int(port) <= 65535):
+        if not (_HOST.fullmatch(host) and port.isdigit() and 1 <= int(port) <= 65535):
             raise ValueError(
                 f"{name} must be process 0's address as HOST:PORT with a port in 1..65535 (e.g. "
                 f"10.0.0.1:1234, or localhost:1234 on one machine), got {value!r}."
@@ -309,6 +314,15 @@ class RunOptions:
         "(default $KERAS_DISTRIBUTION_PROCESS_ID)",
         "run",
         check.non_negative_int,
+    )
+    join_timeout: float = option(
+        30.0,
+        "JAX multi-process run: seconds the processes wait for each other to start (and for a lost one "
+        "before the others stop); every process must be given the same arguments",
+        "run",
+        check.positive_number,
+        parse=float,
+        metavar="SECONDS",
     )
     precision: str = option(
         defaults.PRECISIONS[0],

@@ -136,8 +136,9 @@ def write_owned(
         foreign = sorted(name for name in names - earlier if (directory / name).exists())
         if foreign:
             raise FileExistsError(
-                f"{directory} already has {', '.join(foreign)}, not written by keras_vit (overwrite replaces "
-                "only keras_vit's own earlier output): move them away, or choose another folder."
+                f"{directory} already has {', '.join(foreign)}, not written by keras_vit or changed since "
+                "(overwrite replaces only keras_vit's own earlier output): move them away, or choose another "
+                "folder."
             )
         own = sorted(name for name in earlier if (directory / name).exists())
         if own and not overwrite:
@@ -196,9 +197,10 @@ class RunLock:
 
     `folder/.keras_vit-run.lock` held with `fcntl.flock`: the operating system releases it when
     the process ends, however it ends (SIGKILL included), so a lock left by a dead run is taken
-    over by the next one. The file records the holder (pid, host, start time) for the error a
-    second run gets; it is removed when the run ends, and so is the folder if the lock made it
-    and nothing else was written there.
+    over by the next one. The file is opened without following links (`O_NOFOLLOW`): a link
+    planted under its name is refused, never written through. The file records the holder (pid,
+    host, start time) for the error a second run gets; it is removed when the run ends, and so is
+    the folder if the lock made it and nothing else was written there.
     """
 
     def __init__(self, folder: str | os.PathLike):
@@ -215,6 +217,26 @@ class RunLock:
         except (OSError, ValueError, KeyError, TypeError):
             return "a process that is starting"
 
+    def _open(self) -> int:
+        """The lock file, opened without following a link; a link, or a file with other names (hard
+        links), is refused: the lock's record would be written into someone else's file."""
+        try:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            if not os.path.islink(self.path):
+                raise
+            raise FileExistsError(
+                f"{self.path} is a symbolic link (to {os.readlink(self.path)}), not keras_vit's run lock: "
+                "remove the link (its target is left as it is), or choose another output folder."
+            ) from error
+        if os.fstat(descriptor).st_nlink > 1:
+            os.close(descriptor)
+            raise FileExistsError(
+                f"{self.path} has other names (hard links), so it is not keras_vit's run lock: remove it "
+                "(the other names keep the file), or choose another output folder."
+            )
+        return descriptor
+
     def acquire(self) -> RunLock:
         import datetime
         import fcntl
@@ -224,7 +246,7 @@ class RunLock:
         self._made_folder = not os.path.isdir(self.folder)
         os.makedirs(self.folder, exist_ok=True)
         while True:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            descriptor = self._open()
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 
 import keras
@@ -16,9 +17,19 @@ import numpy as np
 
 from keras_vit.utils.files import file_sha256, json_sha256
 
-__all__ = ["BackupMismatchError", "EpochBackup", "file_sha256", "fsync", "remove_backup", "write_json"]
+__all__ = [
+    "BackupMismatchError",
+    "EpochBackup",
+    "check_backup_folder",
+    "file_sha256",
+    "fsync",
+    "remove_backup",
+    "write_json",
+]
 
 STATE_CHECKSUM = "state_sha256"
+# The names `EpochBackup` writes: its states, each epoch's weights, and their staging names.
+_OWN_NAMES = re.compile(r"(state|state-previous)\.json(\.partial)?|(partial-)?epoch-\d{6}\.weights\.h5")
 
 
 class BackupMismatchError(ValueError):
@@ -187,7 +198,7 @@ class EpochBackup(keras.callbacks.Callback):
             keep.add(self.state["weights"])
         write_json(os.path.join(self.backup_dir, self.STATE), state)
         self.state = json.loads(json.dumps(state))  # as read back on resume (history copied)
-        for entry in os.listdir(self.backup_dir):
+        for entry in _own_files(self.backup_dir):
             if entry.endswith(".weights.h5") and entry not in keep:
                 os.remove(os.path.join(self.backup_dir, entry))
 
@@ -207,12 +218,37 @@ def write_json(path: str, content: dict) -> None:
     os.replace(temporary, path)
 
 
+def _own_files(backup_dir: str) -> list[str]:
+    """The files in `backup_dir` that `EpochBackup` wrote: regular files (never a link) of its names."""
+    paths = {entry: os.path.join(backup_dir, entry) for entry in os.listdir(backup_dir)}
+    return sorted(
+        entry
+        for entry, path in paths.items()
+        if _OWN_NAMES.fullmatch(entry) and os.path.isfile(path) and not os.path.islink(path)
+    )
+
+
+def check_backup_folder(output_dir: str, backup_dir: str) -> None:
+    """`ValueError` if `backup_dir`, or a folder between it and `output_dir`, is a symbolic link: the
+    backup is written, and later removed, only inside the output folder."""
+    folder = os.path.abspath(backup_dir)
+    top = os.path.abspath(output_dir)
+    while folder.startswith(top + os.sep):
+        if os.path.islink(folder):
+            raise ValueError(
+                f"{folder} is a symbolic link (to {os.readlink(folder)}): keras_vit writes and removes its "
+                "backup only in a real folder inside the output folder. Remove the link, or choose another "
+                "output folder."
+            )
+        folder = os.path.dirname(folder)
+
+
 def remove_backup(backup_dir: str) -> None:
-    """Delete a finished run's backup files (only those `EpochBackup` writes)."""
-    if not os.path.isdir(backup_dir):
+    """Delete a finished run's backup: only the files `EpochBackup` wrote (its names, regular files),
+    then the folder if that left it empty. A folder that is a symbolic link is not entered."""
+    if os.path.islink(backup_dir) or not os.path.isdir(backup_dir):
         return
-    for entry in os.listdir(backup_dir):
-        if entry.endswith((".weights.h5", ".json", ".partial")):
-            os.remove(os.path.join(backup_dir, entry))
+    for entry in _own_files(backup_dir):
+        os.remove(os.path.join(backup_dir, entry))
     if not os.listdir(backup_dir):
         os.rmdir(backup_dir)

@@ -32,10 +32,16 @@ import keras
 
 from keras_vit.data.preprocessing import write_labels
 from keras_vit.registry.variants import ViTConfig
-from keras_vit.training.options import RunOptions
+from keras_vit.training.options import RunOptions, option_fields
 from keras_vit.training.recipes import Recipe
 from keras_vit.training.runs import keras_distribution
-from keras_vit.training.runs.backup import BackupMismatchError, EpochBackup, remove_backup, write_json
+from keras_vit.training.runs.backup import (
+    BackupMismatchError,
+    EpochBackup,
+    check_backup_folder,
+    remove_backup,
+    write_json,
+)
 from keras_vit.training.runs.plan import execution_steps, plan_steps
 from keras_vit.training.runs.report import now, resolve_paths, run_report
 from keras_vit.utils import environment
@@ -49,6 +55,7 @@ __all__ = [
     "Task",
     "fit_checked",
     "fit_task",
+    "new_run_folder",
     "open_run_folder",
     "tensorboard_callbacks",
     "verbosity",
@@ -63,6 +70,7 @@ _FREE_ON_RESUME = (
     "coordinator",
     "num_processes",
     "process_id",
+    "join_timeout",
 )
 # Arguments that may name an input file or folder: the output folder must not hold them.
 _INPUT_ARGUMENTS = ("dataset", "pretrained")
@@ -165,6 +173,18 @@ def _finished_outputs(output_dir: str, saved_file: str) -> list[str]:
     return found
 
 
+def new_run_folder(base: str, saved_file: str) -> str:
+    """`base`, or else the first of `base-2`, `base-3`, ... that holds no finished run (the folder a
+    command run without an output folder writes to: each run its own, an unfinished one resumed)."""
+    folder, number = base, 1
+    while _finished_outputs(folder, saved_file):
+        number += 1
+        folder = f"{base}-{number}"
+    if folder != base:
+        _say(f"{base} holds a finished run: this run writes to {folder} (--output-dir chooses the folder).")
+    return folder
+
+
 def open_run_folder(
     output_dir: str, backup_dir: str, saved_file: str, run: dict, overwrite: bool, chief: bool
 ) -> EpochBackup:
@@ -239,7 +259,22 @@ def fit_task(
     refuse, replace with `overwrite`) is `open_run_folder`'s decision, printed to stderr.
     """
     options.check()  # every value before anything runs: NaN or 0 never reach the plan
-    keras_distribution.join_processes(options.processes())  # before anything touches JAX's devices
+    run = {key: value for key, value in arguments.items() if key not in _FREE_ON_RESUME}
+    flags = {field.name: spec.flags(field.name)[0] for field, spec in option_fields(type(options))}
+    # before anything touches JAX's devices; the processes agree on the run's arguments first (the
+    # model as the architecture it names: a variant name and its ViTConfig are the same model)
+    agreed = {**resolve_paths(run), "model": task.config.to_dict()}
+    keras_distribution.join_processes(options.processes(), agreed, flags, options.join_timeout)
+    with keras_distribution.ends_together():
+        result = _run_locked(task, arguments, options, callbacks, run)
+    keras_distribution.finished()
+    return result
+
+
+def _run_locked(
+    task: Task, arguments: dict, options: RunOptions, callbacks: Sequence[keras.callbacks.Callback], run: dict
+) -> RunResult:
+    """`fit_task` once the processes joined: the distribution, the locked run folder, the fit."""
     run_started, started_at = time.perf_counter(), now()
     distribution = distribution_module()
     strategy = options.strategy
@@ -250,8 +285,8 @@ def fit_task(
     chief = distribution.is_chief(strategy)
     backup_dir = distribution.worker_dir(os.path.join(output_dir, "backup"), strategy)
     refuse_overlap(output_dir, [arguments.get(name) for name in _INPUT_ARGUMENTS])
+    check_backup_folder(output_dir, backup_dir)
     with RunLock(output_dir if chief else backup_dir):  # released however the run ends
-        run = {key: value for key, value in arguments.items() if key not in _FREE_ON_RESUME}
         backup = open_run_folder(
             output_dir, backup_dir, task.saved_file, resolve_paths(run), options.overwrite, chief
         )

@@ -8,8 +8,9 @@ a `keras.distribution.DataParallel` or `ModelParallel` given as the `strategy` o
 `make_distribution(model_parallel=2, model="vit_b16")`) is used as it is. PyTorch trains on
 Keras's one device (the first GPU, else the CPU): Keras 3 has no distribution for it.
 
-Several processes (hosts, or one per GPU) on JAX: `join_processes` runs
-`keras.distribution.initialize` first thing (JAX's gloo collectives on CPU); the run is then
+Several processes (hosts, or one per GPU) on JAX: `join_processes` first has them agree on the
+run's arguments (`keras_vit.training.runs.agreement`), then runs `jax.distributed.initialize`
+with bounded timeouts (JAX's gloo collectives on CPU); the run is then
 data (or model) parallel over every process's devices, each process feeding its own rows of
 every global batch (`keras_vit.data.processes.process_rows`: the input pipelines of
 `keras_vit.data.pyinput` read them), so
@@ -18,9 +19,13 @@ that the global batch and the results are the one-process run's.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import math
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,6 +33,7 @@ import keras
 
 from keras_vit.data.processes import process_count
 from keras_vit.training.options import Processes
+from keras_vit.training.runs.agreement import Partners, agree
 from keras_vit.utils.defaults import PRECISIONS
 
 __all__ = [
@@ -35,6 +41,8 @@ __all__ = [
     "check_run",
     "activated",
     "describe_distribution",
+    "ends_together",
+    "finished",
     "is_chief",
     "join_processes",
     "model_parallel",
@@ -104,12 +112,33 @@ def model_parallel(size: int, strategy, config) -> keras.distribution.ModelParal
     return make_distribution(size, model=config)
 
 
-def join_processes(processes: Processes | None) -> None:
-    """Join this process to a multi-process JAX run (`keras.distribution.initialize`); `None`: one process.
+# The other processes of this process's multi-process run, watched while it lasts (`join_processes`).
+_partners: Partners | None = None
 
-    Called before anything touches JAX's devices; on CPU the cross-process collectives are gloo's
-    (JAX's default since 0.5; set here where an older JAX has none). A process already joined
-    (a second run in it) must have joined the same way.
+
+def finished() -> None:
+    """This process's multi-process run ended well: the others stop watching it (no-op otherwise)."""
+    if _partners is not None:
+        _partners.finish()
+
+
+def join_processes(
+    processes: Processes | None,
+    run: dict | None = None,
+    names: dict[str, str] | None = None,
+    wait: float = 30,
+) -> None:
+    """Join this process to a multi-process JAX run; `None`: one process.
+
+    First the processes agree (`keras_vit.training.runs.agreement.agree`: all come within `wait`
+    seconds, each with its own id, with the same `run` arguments; else every process stops with
+    one error naming the difference); then `jax.distributed.initialize` (what
+    `keras.distribution.initialize` calls) with `wait` as its start, heartbeat and shutdown
+    timeouts: a process that dies mid-run stops the others within about `wait` seconds. SIGTERM
+    keeps the handler it had (JAX's preemption notifier would otherwise swallow it). Called
+    before anything touches JAX's devices; on CPU the cross-process collectives are gloo's (JAX's
+    default since 0.5; set here where an older JAX has none). A process already joined (a
+    second run in it) must have joined the same way.
     """
     if processes is None:
         return
@@ -126,11 +155,23 @@ def join_processes(processes: Processes | None) -> None:
         return
     if jax.config.jax_cpu_collectives_implementation in (None, "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    global _partners
+    _partners = agree(
+        processes.job_addresses, processes.num_processes, processes.process_id, run or {}, names, wait
+    )
+    seconds = max(int(math.ceil(wait)), 1)
+    sigterm = (
+        signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
-        with tensorflow_unseen():  # initialize seeds Keras (keras.utils.set_random_seed)
-            keras.distribution.initialize(
-                processes.job_addresses, processes.num_processes, processes.process_id
-            )
+        jax.distributed.initialize(
+            processes.job_addresses.split(",")[0].strip(),
+            processes.num_processes,
+            processes.process_id,
+            initialization_timeout=seconds,
+            heartbeat_timeout_seconds=seconds,
+            shutdown_timeout_seconds=seconds,
+        )
     except RuntimeError as error:
         if "before any JAX" not in str(error):
             raise
@@ -138,6 +179,8 @@ def join_processes(processes: Processes | None) -> None:
             "A multi-process run must start before JAX runs anything in the process, and JAX has run "
             "already: start the run in a new Python process (train(...) or keras-vit train first)."
         ) from None
+    if sigterm is not None:
+        signal.signal(signal.SIGTERM, sigterm)
 
 
 def check_run(precision: str, batch_size: int) -> None:
@@ -258,6 +301,40 @@ def saved_alone() -> Iterator[None]:
         yield
     finally:
         keras.distribution.set_distribution(previous)
+
+
+# What a cross-process collective raises when another process died (its connection closed).
+_LOST_PARTNER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "heartbeat timeout")
+
+
+@contextlib.contextmanager
+def ends_together() -> Iterator[None]:
+    """A multi-process run that fails here ends its process at once (elsewhere nothing changes).
+
+    An error from a collective because another process died becomes one clear error; and a
+    failed process exits (status 1) without JAX's shutdown barrier, which would wait for the
+    dead process and then abort with a stack trace. The backups are written atomically: the
+    last complete one stays for the resume.
+    """
+    try:
+        yield
+    except BaseException as error:
+        if process_count() == 1:
+            raise
+        atexit.register(_exit_now)  # after the error is reported, before JAX's own exit handler
+        if isinstance(error, Exception) and any(sign in str(error) for sign in _LOST_PARTNER):
+            raise RuntimeError(
+                "Another process of this multi-process run stopped (its connection was lost: "
+                f"{str(error).splitlines()[0][:160]}), so this one stops too. Its last complete backup is "
+                "kept: start every process again with the same arguments to resume."
+            ) from None
+        raise
+
+
+def _exit_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def same_in_every_process(name: str, value: int) -> None:
