@@ -4,9 +4,9 @@ Helpers that tests import live in `tests/helpers/` (`from helpers import random_
 file holds the fixtures and hooks only.
 
 The `test` set-up (`pip install -e ".[test]"`) is required: a missing reference library is an
-import error here, not a module of silently skipped tests. A test may skip only for a reason in
-`EXPECTED_SKIPS` (a feature that exists on one Keras backend only); any other skip is reported
-as a failure.
+import error here, not a module of silently skipped tests. Only the tests named in `EXPECTED_SKIPS`
+may skip, and only on the backends named there (a feature of one Keras backend only); any other
+skip is reported as a failure.
 """
 
 import os
@@ -27,11 +27,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-# The reasons a test may skip for (pytest.skip / skipif reasons start with one of these).
-EXPECTED_SKIPS = (
-    "TensorFlow backend only:",  # tf.data, tf.distribute, SavedModel, TensorFlow's own kernels
-    "run from the TensorFlow suite:",  # test_backends.py drives the other backends from there
-)
+# The only tests that may skip, by node id (parameters included), and the backends they may skip on.
+EXPECTED_SKIPS = {
+    # the hand-written GELU derivative is TensorFlow's (models/layers.py)
+    "tests/test_layers.py::test_training_block_has_the_inference_values_and_gradients": {"jax", "torch"},
+}
 
 # The modules whose subject does not depend on the Keras backend: under `KERAS_BACKEND=jax|torch`,
 # `python -m pytest` collects these only (the rest is TensorFlow by nature: tf.data pipelines,
@@ -148,17 +148,19 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A skip whose reason is not in EXPECTED_SKIPS fails: the set-up should have enabled that test."""
+    """A skip of a test that EXPECTED_SKIPS does not name for this backend fails: the set-up should run it."""
     report = yield
+    backend = keras.backend.backend()
     if (
         report.skipped
         and not hasattr(report, "wasxfail")
-        and not _skip_reason(report).startswith(EXPECTED_SKIPS)
+        and backend not in EXPECTED_SKIPS.get(report.nodeid, ())
     ):
         report.outcome = "failed"
         report.longrepr = (
-            f'unexpected skip: {_skip_reason(report)!r}. The test set-up (pip install -e ".[test]") '
-            "should run this test: install what it needs, or fix the test (conftest.py: EXPECTED_SKIPS)."
+            f"unexpected skip on {backend}: {_skip_reason(report)!r}. The test set-up "
+            '(pip install -e ".[test]") should run this test: install what it needs, or fix the test '
+            "(tests/conftest.py: EXPECTED_SKIPS names the tests that may skip, by node id and backend)."
         )
     return report
 

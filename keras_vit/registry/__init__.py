@@ -4,4 +4,4 @@ class names (`catalog`: `list_pretrained`, `preprocessing_for`). Everything abov
 
 from keras_vit.utils.lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {}, submodules=('catalog', 'variants'))
+__getattr__, __dir__ = lazy_exports(__name__, {}, submodules=("catalog", "variants"))

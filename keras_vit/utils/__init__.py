@@ -5,4 +5,6 @@ our graphs need (`tf2onnx_ops`). Nothing here imports another part of keras_vit.
 
 from keras_vit.utils.lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(__name__, {}, submodules=('defaults', 'environment', 'files', 'lazy', 'tf2onnx_ops', 'validation'))
+__getattr__, __dir__ = lazy_exports(
+    __name__, {}, submodules=("defaults", "environment", "files", "lazy", "tf2onnx_ops", "validation")
+)
