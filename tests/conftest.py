@@ -116,8 +116,17 @@ def parity(record_property):
     return check
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Every gap the `parity` fixture measured, with its tolerance."""
+def pytest_addoption(parser):
+    parser.addoption(
+        "--parity-record",
+        metavar="FILE",
+        help="merge the gaps the `parity` fixture measured in this run into FILE (JSON, per backend); "
+        "tests/helpers/parity_table.py makes docs/testing.md's gap table from tests/parity_gaps.json",
+    )
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Every gap the `parity` fixture measured, with its tolerance (and into --parity-record's file)."""
     gaps = [
         (report.nodeid, *value)
         for outcome in ("passed", "failed")
@@ -126,6 +135,10 @@ def pytest_terminal_summary(terminalreporter):
         for name, value in report.user_properties
         if name == "parity_gap"
     ]
+    if config.getoption("parity_record") and gaps and not hasattr(config, "workerinput"):  # xdist: once
+        from helpers.parity_table import merge_record
+
+        merge_record(config.getoption("parity_record"), keras.backend.backend(), gaps)
     rows = [
         f"{gap:9.2e} (tolerance {tolerance:.2g})  {nodeid}{f' [{label}]' if label else ''}"
         for nodeid, label, gap, tolerance in gaps
