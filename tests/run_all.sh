@@ -6,15 +6,22 @@
 # (tests/conftest.py's BACKEND_NEUTRAL_MODULES). Every section runs even when one fails; the command
 # fails at the end, naming the sections that failed. -rs lists every skip; tests/conftest.py fails a skip
 # it does not expect, and a run that collects no test. Arguments go to every pytest run (e.g. -x, -k).
-# TIERS="quick" (tests/run_quick.sh) or TIERS="slow" (tests/run_slow.sh) runs one tier only.
+# TIERS="quick" (tests/run_quick.sh) or TIERS="slow" (tests/run_slow.sh) runs one tier only;
+# SKIP_SECTIONS="JAX slow,PyTorch slow" leaves those sections out (.ci/run: CI's time limit), named at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TIERS=${TIERS:-quick slow}
+SKIP_SECTIONS=${SKIP_SECTIONS:-}
 failed=()
+skipped=()
 
 section() {  # section NAME COMMAND...: run the command, note NAME if it fails
     local name=$1 start=$SECONDS
     shift
+    if [[ ",${SKIP_SECTIONS}," == *",${name},"* ]]; then
+        skipped+=("${name}")
+        return
+    fi
     echo "=== ${name}"
     if ! "$@"; then
         failed+=("${name}")
@@ -35,6 +42,10 @@ for tier in ${TIERS}; do
     section "PyTorch ${tier}" env KERAS_BACKEND=torch python -m pytest -q -rs -m "${marker}" "$@"
 done
 
+if ((${#skipped[@]})); then
+    printf -v list '%s, ' "${skipped[@]}"
+    echo "NOT RUN (SKIP_SECTIONS): ${list%, }"
+fi
 if ((${#failed[@]})); then
     printf -v list '%s, ' "${failed[@]}"
     echo "FAILED: ${#failed[@]} section(s): ${list%, }" >&2

@@ -48,10 +48,12 @@ TOLERANCE = {
     "plain": 2.5e-6,
     "hybrid": 1.2e-5,
     "r26": 4e-5,
-    "reference-timm": 3.5e-6,
+    "reference-timm": 1.2e-6,  # the plain ViT with exact GELU
+    "stem-logits": 3.5e-6,  # the hybrids with timm's stem numerics
     "stem": 1.3e-5,
     "timm": 1.2e-6,
-    "hf": 1e-6,
+    "hf": 6e-7,
+    "hf-interpolation": 1e-6,
     "written-hybrid": 1.2e-6,
     "written": 3e-7,
 }
@@ -195,7 +197,7 @@ def test_reference_resnet_with_timm_numerics_is_timm(stem, size, parity):
         logits = timm_model(writers.to_torch(images)).numpy()
     parity(reference.stem_features(params, images, "timm"), features, TOLERANCE["stem"], "stem")
     reference_logits = reference.apply(params, images, approximate_gelu=False, stem_numerics="timm")
-    parity(reference_logits, logits, TOLERANCE["reference-timm"], "logits")
+    parity(reference_logits, logits, TOLERANCE["stem-logits"], "logits")
     # ... and the original numerics are another function: the stem's difference shows
     assert _max_diff(reference.stem_features(params, images), features) > 5 * TOLERANCE["stem"]
 
@@ -403,7 +405,7 @@ def test_hf_interpolation_is_transformers_interpolate_pos_encoding(size, tmp_pat
         expected = hf_model(pixel_values=pixels, interpolate_pos_encoding=True).logits.numpy()
     options = dict(image_size=size, pos_embed_interpolation="hf", classifier_activation=None)
     model = keras_vit.create_model(MODELS["plain"][1], pretrained=directory, **options)
-    parity(_logits(model, images), expected, TOLERANCE["hf"])
+    parity(_logits(model, images), expected, TOLERANCE["hf-interpolation"])
     # the default for transformers files, timm's antialiased resampling, is another embedding
     load_checkpoint(model, directory, pos_embed_interpolation="timm")
     assert _max_diff(_logits(model, images), expected) > 1e-3
