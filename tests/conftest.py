@@ -4,9 +4,9 @@ Helpers that tests import live in `tests/helpers/` (`from helpers import random_
 file holds the fixtures and hooks only.
 
 The `test` set-up (`pip install -e ".[test]"`) is required: a missing reference library is an
-import error here, not a module of silently skipped tests. A test may skip only for a reason in
-`EXPECTED_SKIPS` (a feature that exists on one Keras backend only); any other skip is reported
-as a failure.
+import error here, not a module of silently skipped tests. Only the tests named in `EXPECTED_SKIPS`
+may skip, and only on the backends named there (a feature of one Keras backend only); any other
+skip is reported as a failure.
 """
 
 import os
@@ -27,11 +27,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-# The reasons a test may skip for (pytest.skip / skipif reasons start with one of these).
-EXPECTED_SKIPS = (
-    "TensorFlow backend only:",  # tf.data, tf.distribute, SavedModel, TensorFlow's own kernels
-    "run from the TensorFlow suite:",  # test_backends.py drives the other backends from there
-)
+# The only tests that may skip, by node id (parameters included), and the backends they may skip on.
+EXPECTED_SKIPS = {
+    # the hand-written GELU derivative is TensorFlow's (models/layers.py)
+    "tests/test_layers.py::test_training_block_has_the_inference_values_and_gradients": {"jax", "torch"},
+}
 
 # The modules whose subject does not depend on the Keras backend: under `KERAS_BACKEND=jax|torch`,
 # `python -m pytest` collects these only (the rest is TensorFlow by nature: tf.data pipelines,
@@ -116,8 +116,17 @@ def parity(record_property):
     return check
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Every gap the `parity` fixture measured, with its tolerance."""
+def pytest_addoption(parser):
+    parser.addoption(
+        "--parity-record",
+        metavar="FILE",
+        help="merge the gaps the `parity` fixture measured in this run into FILE (JSON, per backend); "
+        "tests/helpers/parity_table.py makes docs/testing.md's gap table from tests/parity_gaps.json",
+    )
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Every gap the `parity` fixture measured, with its tolerance (and into --parity-record's file)."""
     gaps = [
         (report.nodeid, *value)
         for outcome in ("passed", "failed")
@@ -126,6 +135,10 @@ def pytest_terminal_summary(terminalreporter):
         for name, value in report.user_properties
         if name == "parity_gap"
     ]
+    if config.getoption("parity_record") and gaps and not hasattr(config, "workerinput"):  # xdist: once
+        from helpers.parity_table import merge_record
+
+        merge_record(config.getoption("parity_record"), keras.backend.backend(), gaps)
     rows = [
         f"{gap:9.2e} (tolerance {tolerance:.2g})  {nodeid}{f' [{label}]' if label else ''}"
         for nodeid, label, gap, tolerance in gaps
@@ -148,17 +161,19 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A skip whose reason is not in EXPECTED_SKIPS fails: the set-up should have enabled that test."""
+    """A skip of a test that EXPECTED_SKIPS does not name for this backend fails: the set-up should run it."""
     report = yield
+    backend = keras.backend.backend()
     if (
         report.skipped
         and not hasattr(report, "wasxfail")
-        and not _skip_reason(report).startswith(EXPECTED_SKIPS)
+        and backend not in EXPECTED_SKIPS.get(report.nodeid, ())
     ):
         report.outcome = "failed"
         report.longrepr = (
-            f'unexpected skip: {_skip_reason(report)!r}. The test set-up (pip install -e ".[test]") '
-            "should run this test: install what it needs, or fix the test (conftest.py: EXPECTED_SKIPS)."
+            f"unexpected skip on {backend}: {_skip_reason(report)!r}. The test set-up "
+            '(pip install -e ".[test]") should run this test: install what it needs, or fix the test '
+            "(tests/conftest.py: EXPECTED_SKIPS names the tests that may skip, by node id and backend)."
         )
     return report
 

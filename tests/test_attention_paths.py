@@ -27,7 +27,9 @@ from keras_vit.models.attention import ATTENTION_PADDING_MULTIPLE, choose_attent
 from keras_vit.models.layers import MultiHeadSelfAttention, TransformerBlock
 
 WORKER = Path(__file__).with_name("attention_worker.py")
-TOLERANCE = 1e-5
+# Max |fused - plain| allowed (values, gradients), float32 on a CPU: about twice the largest measured.
+TOLERANCES = {"tensorflow": (2e-7, 2e-7), "jax": (2e-7, 6e-7), "torch": (3e-7, 9e-7)}
+MODEL_TOLERANCE = 2.5e-7  # a whole model's logits on this process's backend (measured: 1.2e-7 at most)
 LENGTHS = (50, 197, 577, 23)  # ViT-B/32 and B/16 at 224 px, B/16 at 384 px, and an odd count
 BACKENDS = [
     pytest.param(
@@ -38,7 +40,7 @@ BACKENDS = [
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fused_attention_values_and_gradients_equal_plain(backend, tmp_path):
+def test_fused_attention_values_and_gradients_equal_plain(backend, tmp_path, parity):
     out = tmp_path / "result.json"
     done = subprocess.run(
         [sys.executable, str(WORKER), str(out), *map(str, LENGTHS)],
@@ -55,13 +57,15 @@ def test_fused_attention_values_and_gradients_equal_plain(backend, tmp_path):
     for case in cases:
         what = f"{case['implementation']}, {case['length']} tokens, training={case['training']}"
         assert case["output_scale"] > 0.1 and case["gradient_scale"] > 0.1, what  # not vacuous
-        assert case["output_diff"] <= TOLERANCE, what
-        assert max(case["gradient_diffs"]) <= TOLERANCE, what
         # The fused op ran once per call, on the padded tokens where asked.
         padded = math.ceil(case["length"] / ATTENTION_PADDING_MULTIPLE) * ATTENTION_PADDING_MULTIPLE
         tokens = padded if case["implementation"] == "fused_padded" else case["length"]
         kernel = {"jax": "xla", "torch": "sdpa"}.get(backend, "keras")
         assert case["calls"] == [{"kernel": kernel, "tokens": tokens}], what
+    # max |fused - plain| over every case (the worker measures them): values, then every gradient
+    values, gradients = TOLERANCES[backend]
+    parity(max(case["output_diff"] for case in cases), 0.0, values, "values")
+    parity(max(max(case["gradient_diffs"]) for case in cases), 0.0, gradients, "gradients")
 
 
 @pytest.mark.parametrize(
@@ -126,7 +130,7 @@ def test_the_choice_round_trips_through_configs_and_keras_files(tmp_path):
 
 
 @pytest.mark.parametrize("implementation", ["fused", "fused_padded"])
-def test_a_model_gives_the_plain_logits_with_every_implementation(implementation):
+def test_a_model_gives_the_plain_logits_with_every_implementation(implementation, parity):
     """On this process's backend, a whole model (class token: 7 tokens) with its weights copied."""
     config = ViTConfig("tiny", 4, 32, 2, 4, 64, image_size=(12, 8))
     plain = keras_vit.build_vit(
@@ -138,6 +142,4 @@ def test_a_model_gives_the_plain_logits_with_every_implementation(implementation
     other = plain.rebuild(attention_implementation=implementation)
     images = random_images(3, config.image_hw)
     expected = keras.ops.convert_to_numpy(plain(images, training=False))
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(other(images, training=False)), expected, atol=TOLERANCE, rtol=0
-    )
+    parity(keras.ops.convert_to_numpy(other(images, training=False)), expected, MODEL_TOLERANCE)

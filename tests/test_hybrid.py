@@ -32,6 +32,7 @@ REFERENCE_PARAMS = {
 # TensorFlow, JAX and PyTorch backends (the "parity gaps" `python -m pytest -n 0 -m "slow or not slow"
 # tests/test_hybrid.py` lists).
 TOLERANCE = 1e-5
+TOLERANCES = {"vit_r_ti16": 3e-6}  # the stem-only R+Ti: its gaps are ~1.4e-6 at most
 # A small hybrid with both unit kinds (projection and identity shortcut) for the cheap tests.
 SMALL = ViTConfig("small_hybrid", 1, 64, 1, 2, 128, resnet_stages=(2, 1))
 
@@ -141,7 +142,8 @@ def test_logits_match_timm(name, size, tmp_path, parity):
         assert (info.format, info.variant, info.grid) == (format_name, name, grid)
         # timm's resampling for both files (a Google .npz defaults to the original code's)
         load_into_scrambled(model, path, pos_embed_interpolation="timm")  # nothing left from the last
-        parity(keras.ops.convert_to_numpy(model(images)), expected, TOLERANCE, format_name)
+        tolerance = TOLERANCES.get(name, TOLERANCE)
+        parity(keras.ops.convert_to_numpy(model(images)), expected, tolerance, format_name)
     del model, reference
     keras.backend.clear_session()
 
@@ -207,7 +209,7 @@ def test_weight_standardisation_formulas(numerics):
 
 
 @pytest.mark.parametrize("height,width", [(224, 224), (225, 289), (17, 10)])
-def test_conv_and_max_pool_pad_like_timm_same(height, width):
+def test_conv_and_max_pool_pad_like_timm_same(height, width, parity):
     """Keras 'same' equals timm's TF-SAME `pad_same` (extra pad bottom/right; -inf for max-pool)."""
     import torch
     from timm.layers import StdConv2dSame
@@ -224,7 +226,7 @@ def test_conv_and_max_pool_pad_like_timm_same(height, width):
         expected_conv = reference(torch_images).permute(0, 2, 3, 1).numpy()
         # Negative inputs: a zero-padded max-pool would differ from the -inf padding at the border.
         expected_pool = MaxPool2dSame(3, 2)(-torch_images.abs()).permute(0, 2, 3, 1).numpy()
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(images)), expected_conv, atol=1e-4)
+    parity(keras.ops.convert_to_numpy(ours(images)), expected_conv, 5e-5, "weight-standardised conv")
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(pool(-np.abs(images))), expected_pool)
 
 

@@ -113,10 +113,17 @@ def test_with_head_and_without_head_copy_the_weights():
 
 
 def test_views_share_the_weights():
+    """A weight changed on the model changes the view's output: the view holds the same variables."""
     model = _randomised(keras_vit.build_vit(TINY, num_classes=5))
     view = model.feature_model()
-    model.blocks[0].norm1.gamma.assign(np.zeros(16, "float32"))
     assert view.get_layer("block_0") is model.blocks[0]
+    images = random_images(2, (16, 16), seed=1)
+    before = keras.ops.convert_to_numpy(view(images))
+    model.blocks[0].norm1.gamma.assign(np.zeros(16, "float32"))
+    after = keras.ops.convert_to_numpy(view(images))
+    expected = keras.ops.convert_to_numpy(model.feature_model()(images))
+    assert np.abs(after - before).max() > 1e-3  # the zeroed scale reached the view
+    np.testing.assert_array_equal(after, expected)
 
 
 def test_config_and_factory_arguments_are_checked():

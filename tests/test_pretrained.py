@@ -32,6 +32,7 @@ from keras_vit.registry.variants import VARIANTS
 
 DEFAULT_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # vit_ti16's default tag
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TOLERANCE = 7e-6  # max |difference| vs timm and transformers: about twice the largest gap (3.6e-6)
 
 
 # ---------------------------------------------------------------- fixtures
@@ -196,7 +197,9 @@ def test_offline_cache_miss_names_repo_file_and_local_alternative(hub_cache):
     assert cached_files(hub_cache) == []
 
 
-def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(hub_cache, timm_tiny, tmp_path):
+def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(
+    hub_cache, timm_tiny, tmp_path, parity
+):
     reference, path = timm_tiny
     populate_cache(hub_cache, DEFAULT_REPO, "model.safetensors", path.read_bytes())
     model = keras_vit.vit_ti16(pretrained=True, classifier_activation=None)  # logits, as timm
@@ -207,7 +210,7 @@ def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(hub_cache
     images = preprocess_input(pixels, model)
     np.testing.assert_allclose(images, pixels / 127.5 - 1.0, atol=1e-6)
     logits = keras.ops.convert_to_numpy(model(images))
-    np.testing.assert_allclose(logits, timm_logits(reference, images), atol=1e-4, rtol=0)
+    parity(logits, timm_logits(reference, images), TOLERANCE, "timm")
 
     decoded = decode_predictions(logits, top=3, tag_or_model=model)
     best = int(np.argmax(logits[0]))
@@ -223,7 +226,7 @@ def test_pretrained_true_from_cache_matches_timm_and_remembers_its_tag(hub_cache
 
 
 @pytest.mark.slow
-def test_hybrid_pretrained_true_from_cache_matches_timm(hub_cache):
+def test_hybrid_pretrained_true_from_cache_matches_timm(hub_cache, parity):
     """The hybrid rows of the catalog load like the plain ones: R+ViT-Ti/16's default tag, at 384 px."""
     entry = catalog.get_entry(catalog.default_tag("vit_r_ti16"))
     torch.manual_seed(0)
@@ -239,7 +242,7 @@ def test_hybrid_pretrained_true_from_cache_matches_timm(hub_cache):
     resized.load_state_dict(checkpoint_filter_fn(reference.state_dict(), resized))
     images = random_images(1, (384, 384))
     logits = keras.ops.convert_to_numpy(model(images))
-    np.testing.assert_allclose(logits, timm_logits(resized, images), atol=1e-4, rtol=0)
+    parity(logits, timm_logits(resized, images), TOLERANCE, "timm, 384 px")
     del model
     keras.backend.clear_session()
 
@@ -342,7 +345,7 @@ def test_local_file_with_new_head_and_resolution(timm_tiny):
     keras.backend.clear_session()
 
 
-def test_headless_checkpoint_builds_features_unless_num_classes_given(timm_tiny, tmp_path):
+def test_headless_checkpoint_builds_features_unless_num_classes_given(timm_tiny, tmp_path, parity):
     reference, _ = timm_tiny
     state = {k: v for k, v in reference.state_dict().items() if not k.startswith("head.")}
     path = tmp_path / "headless.safetensors"
@@ -353,7 +356,7 @@ def test_headless_checkpoint_builds_features_unless_num_classes_given(timm_tiny,
     with torch.no_grad():
         tokens = reference.forward_features(torch.from_numpy(images).permute(0, 3, 1, 2))
     pooled = keras.ops.convert_to_numpy(features(images))
-    np.testing.assert_allclose(pooled, tokens[:, 0].numpy(), atol=1e-4, rtol=0)
+    parity(pooled, tokens[:, 0].numpy(), TOLERANCE, "timm features")
     with pytest.raises(ValueError, match="no classification head: pass num_classes"):
         keras_vit.vit_ti16(pretrained=str(path), include_top=True)
     del features
@@ -361,7 +364,7 @@ def test_headless_checkpoint_builds_features_unless_num_classes_given(timm_tiny,
 
 
 @pytest.mark.slow
-def test_hf_checkpoint_with_pooler_gives_pre_logits_unless_dropped(tmp_path):
+def test_hf_checkpoint_with_pooler_gives_pre_logits_unless_dropped(tmp_path, parity):
     from transformers import ViTConfig as HFConfig
     from transformers import ViTModel
 
@@ -388,7 +391,7 @@ def test_hf_checkpoint_with_pooler_gives_pre_logits_unless_dropped(tmp_path):
     model = keras_vit.vit_ti16(pretrained=str(path))
     assert model.get_layer("pre_logits").units == 192 and model.output_shape == (None, 192)
     pooled = keras.ops.convert_to_numpy(model(images))
-    np.testing.assert_allclose(pooled, output.pooler_output.numpy(), atol=1e-4, rtol=0)
+    parity(pooled, output.pooler_output.numpy(), TOLERANCE, "transformers pooler")
     with pytest.raises(ValueError, match="a pre-logits layer of width 192, not one of width 64"):
         keras_vit.vit_ti16(pretrained=str(path), representation_size=64)
     del model
@@ -397,9 +400,8 @@ def test_hf_checkpoint_with_pooler_gives_pre_logits_unless_dropped(tmp_path):
     with pytest.warns(UserWarning, match="pre-logits layer .* is skipped"):
         plain = keras_vit.vit_ti16(pretrained=str(path), representation_size=0)
     assert "pre_logits" not in [layer.name for layer in plain.layers]
-    np.testing.assert_allclose(
-        keras.ops.convert_to_numpy(plain(images)), output.last_hidden_state[:, 0].numpy(), atol=1e-4, rtol=0
-    )
+    plain_features = keras.ops.convert_to_numpy(plain(images))
+    parity(plain_features, output.last_hidden_state[:, 0].numpy(), TOLERANCE, "transformers features")
     del plain
     keras.backend.clear_session()
 

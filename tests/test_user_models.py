@@ -145,10 +145,6 @@ print(json.dumps(differences))
     ],
 )
 def test_keras_export_runs_with_keras_logits(numerics, after_export_onnx, formats, tmp_path):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("tf2onnx")
-    if "litert" in formats:
-        pytest.importorskip("ai_edge_litert")
     script = EXPORT_SCRIPT.format(
         numerics=numerics, folder=str(tmp_path), after_export_onnx=after_export_onnx, formats=formats
     )

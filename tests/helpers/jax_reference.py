@@ -1,7 +1,7 @@
 """The original ViT code's forward pass, re-implemented in plain JAX from its source, for tests.
 
 A transcription of google-research/vision_transformer `vit_jax/models_vit.py`
-(`VisionTransformer`, `Encoder`, `Encoder1DBlock`, `MlpBlock`, `AddPositionEmbs`) and
+(`VisionTransformer`, `Encoder`, `Encoder1DBlock`, `MlpBlock`, `AddPositionEmbs`, `MAPHead`) and
 `vit_jax/models_resnet.py` (`StdConv`, `ResidualUnit`, `ResNetStage`), with the Flax modules
 they call written out with their defaults (Flax is not installed):
 
@@ -21,7 +21,9 @@ for hybrids `conv_root`, `gn_root`, `block{s}/unit{u}/...`; GroupNorm parameters
 (1, 1, 1, C), squeezed as `checkpoint._fix_groupnorm` does). `resize_posemb` is
 `checkpoint.load_pretrained`'s position-embedding resampling (`scipy.ndimage.zoom(order=1)`),
 `random_params` writes a random checkpoint with the names and shapes the original code saves.
-Only the `classifier="token"` models (a [class] token) are covered here.
+The classifier is read from the parameters: `"token"` with a `cls`, `"map"` with `MAPHead_0/probe`
+(`MAPHead`: the probe attends over the tokens, then `x + MlpBlock(LayerNorm(x))`, token 0), else
+`"gap"` (the mean of the tokens after `encoder_norm`).
 """
 
 from __future__ import annotations
@@ -98,11 +100,13 @@ def dense(x, params, name):
     return x @ params[f"{name}/kernel"] + params[f"{name}/bias"]
 
 
-def attention(x, params, name):
-    """`nn.MultiHeadDotProductAttention(...)(x, x)`, kernels (D, heads, hd) and (heads, hd, D)."""
+def attention(x, params, name, inputs_kv=None):
+    """`nn.MultiHeadDotProductAttention(...)(x, inputs_kv)` (`inputs_kv` defaults to `x`), kernels
+    (D, heads, hd) and (heads, hd, D)."""
+    inputs_kv = x if inputs_kv is None else inputs_kv
     query, key, value = (
-        jnp.einsum("...d,dhk->...hk", x, params[f"{name}/{part}/kernel"]) + params[f"{name}/{part}/bias"]
-        for part in ("query", "key", "value")
+        jnp.einsum("...d,dhk->...hk", inputs, params[f"{name}/{part}/kernel"]) + params[f"{name}/{part}/bias"]
+        for inputs, part in ((x, "query"), (inputs_kv, "key"), (inputs_kv, "value"))
     )
     query = query / jnp.sqrt(query.shape[-1]).astype(query.dtype)
     weights = jax.nn.softmax(jnp.einsum("...qhd,...khd->...hqk", query, key), axis=-1)
@@ -199,14 +203,24 @@ def _forward(params, x, approximate_gelu, stem_numerics):
     x = conv(x, params["embedding/kernel"], patch, "VALID", params["embedding/bias"])
     n, h, w, c = x.shape
     x = jnp.reshape(x, [n, h * w, c])
-    cls = jnp.tile(params["cls"], [n, 1, 1])
-    x = jnp.concatenate([cls, x], axis=1)
+    if "cls" in params:  # classifier="token"
+        cls = jnp.tile(params["cls"], [n, 1, 1])
+        x = jnp.concatenate([cls, x], axis=1)
     x = x + params["Transformer/posembed_input/pos_embedding"]  # AddPositionEmbs
     depth = len({key.split("/")[1] for key in params if key.startswith("Transformer/encoderblock_")})
     for index in range(depth):
         x = encoder_block(x, params, f"Transformer/encoderblock_{index}/", approximate_gelu)
     x = layer_norm(x, params["Transformer/encoder_norm/scale"], params["Transformer/encoder_norm/bias"])
-    x = x[:, 0]
+    if "cls" in params:
+        x = x[:, 0]
+    elif "MAPHead_0/probe" in params:  # classifier="map"
+        probe = jnp.tile(params["MAPHead_0/probe"], [n, 1, 1])
+        x = attention(probe, params, "MAPHead_0/MultiHeadDotProductAttention_0", inputs_kv=x)
+        y = layer_norm(x, params["MAPHead_0/LayerNorm_0/scale"], params["MAPHead_0/LayerNorm_0/bias"])
+        y = jax.nn.gelu(dense(y, params, "MAPHead_0/MlpBlock_0/Dense_0"), approximate=approximate_gelu)
+        x = (x + dense(y, params, "MAPHead_0/MlpBlock_0/Dense_1"))[:, 0]
+    else:  # classifier="gap"
+        x = jnp.mean(x, axis=1)
     if "pre_logits/kernel" in params:
         x = jnp.tanh(dense(x, params, "pre_logits"))
     if "head/kernel" in params:
