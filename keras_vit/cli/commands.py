@@ -447,9 +447,12 @@ def run_export(args) -> int:
     if "top_k" in row.options and args.top_k is None:
         arguments["top_k"] = min(5, int(model.output_shape[-1]))
     path = getattr(export, row.writer)(model, args.export_dir, **arguments)
+    if row.target == "file":
+        size = os.path.getsize(path) / 2**20
+        print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}, {size:.1f} MiB)")
+        return 0
     found = f"; class names from {labels_file}" if labels_file and not args.labels else ""
-    size = f", {os.path.getsize(path) / 2**20:.1f} MiB" if row.target == "file" else ""
-    print(f"wrote {path} ({model.name}, {args.format}, input {model.input_shape[1:]}{size}{found})")
+    print(f"wrote {path} ({model.name}, input {model.input_shape[1:]}, top {arguments['top_k']}{found})")
     return 0
 
 

@@ -281,6 +281,36 @@ def export_serving(
     export_dir = os.fspath(export_dir)
     max_pixels = positive_int("max_pixels", max_pixels)
     target = _check_version_dir(export_dir, version, overwrite)
+    num_classes = _checked_classes(model, top_k)
+    preprocessing = image_preprocessing(
+        model, spec, mean=mean, std=std, crop_pct=crop_pct, interpolation=interpolation
+    )
+    names = class_names(model, num_classes, labels)
+    if warmup:
+        _serving_module()  # fail before writing anything
+    archive = _serving_archive(model, preprocessing, top_k, names, max_pixels)
+    os.makedirs(export_dir, exist_ok=True)
+    # Written under a non-numeric name (TF Serving skips those), then renamed in one step.
+    staging = tempfile.mkdtemp(prefix=f".tmp-{int(version)}-", dir=export_dir)
+    try:
+        archive.write_out(staging, verbose=False)
+        if warmup:
+            name = model_name or os.path.basename(os.path.abspath(export_dir))
+            _write_warmup(os.path.join(staging, WARMUP_FILE), name, _warmup_requests(model, preprocessing))
+        if os.path.exists(target):  # the earlier export, renamed aside until the new one is in place
+            replaced = tempfile.mkdtemp(prefix=f".old-{int(version)}-", dir=export_dir)
+            os.replace(target, os.path.join(replaced, "version"))
+            os.replace(staging, target)
+            shutil.rmtree(replaced, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _checked_classes(model: keras.Model, top_k: int) -> int:
+    """The classes of a `(batch, classes)` classifier; an error for a headless model or a bad `top_k`."""
     output_shape = model.output_shape
     layer_names = {layer.name for layer in model.layers}
     headless_vit = "encoder_norm" in layer_names and "head" not in layer_names  # include_top=False
@@ -299,12 +329,18 @@ def export_serving(
         raise ValueError(
             f"top_k must be an int in [1, {num_classes}] (the number of classes), got {top_k!r}."
         )
-    preprocessing = image_preprocessing(
-        model, spec, mean=mean, std=std, crop_pct=crop_pct, interpolation=interpolation
-    )
-    names = class_names(model, num_classes, labels)
-    if warmup:
-        _serving_module()  # fail before writing anything
+    return num_classes
+
+
+def _serving_archive(
+    model: keras.Model,
+    preprocessing: ImagePreprocessing,
+    top_k: int,
+    names: Sequence[str] | None,
+    max_pixels: int,
+) -> keras.export.ExportArchive:
+    """The model with its three serving signatures (`serving_default`, `serving_bytes`,
+    `serving_preprocessed`), each checking its input first."""
     height, width = preprocessing.image_size
     channels = int(model.input_shape[-1])
     already_probabilities = _outputs_probabilities(model)
@@ -363,36 +399,20 @@ def export_serving(
     archive.add_endpoint(DEFAULT_SIGNATURE, serve_images)
     archive.add_endpoint(BYTES_SIGNATURE, serve_bytes)
     archive.add_endpoint(PREPROCESSED_SIGNATURE, serve_pixels)
+    return archive
 
-    os.makedirs(export_dir, exist_ok=True)
-    # Written under a non-numeric name (TF Serving skips those), then renamed in one step.
-    staging = tempfile.mkdtemp(prefix=f".tmp-{int(version)}-", dir=export_dir)
-    try:
-        archive.write_out(staging, verbose=False)
-        if warmup:
-            card = _warmup_image(height, width, channels)
-            _write_warmup(
-                os.path.join(staging, WARMUP_FILE),
-                model_name or os.path.basename(os.path.abspath(export_dir)),
-                {
-                    DEFAULT_SIGNATURE: ("images", card),
-                    BYTES_SIGNATURE: (
-                        "image_bytes",
-                        np.array([tf.io.encode_png(card[0]).numpy()], dtype=object),
-                    ),
-                    PREPROCESSED_SIGNATURE: ("pixels", preprocessing.normalize(card).numpy()),
-                },
-            )
-        if os.path.exists(target):  # the earlier export, renamed aside until the new one is in place
-            replaced = tempfile.mkdtemp(prefix=f".old-{int(version)}-", dir=export_dir)
-            os.replace(target, os.path.join(replaced, "version"))
-            os.replace(staging, target)
-            shutil.rmtree(replaced, ignore_errors=True)
-        else:
-            os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+
+def _warmup_requests(
+    model: keras.Model, preprocessing: ImagePreprocessing
+) -> dict[str, tuple[str, np.ndarray]]:
+    """One TF Serving warm-up request per signature: a test card through each input."""
+    height, width = preprocessing.image_size
+    card = _warmup_image(height, width, int(model.input_shape[-1]))
+    return {
+        DEFAULT_SIGNATURE: ("images", card),
+        BYTES_SIGNATURE: ("image_bytes", np.array([tf.io.encode_png(card[0]).numpy()], dtype=object)),
+        PREPROCESSED_SIGNATURE: ("pixels", preprocessing.normalize(card).numpy()),
+    }
 
 
 # ---- portable formats: ONNX and LiteRT --------------------------------------------------------

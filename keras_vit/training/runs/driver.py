@@ -302,6 +302,32 @@ def _run_locked(
     return result
 
 
+def _schedule(task: Task, options: RunOptions, strategy) -> tuple[bool, int, int, int]:
+    """`(jit_compile, steps_per_epoch, epochs, steps_per_execution)` of a run, its options resolved."""
+    jit_compile = options.jit_compile
+    # "auto": TensorFlow for one replica; JAX always (un-jitted steps are slow); PyTorch off (torch.compile
+    # starts slowly).
+    if jit_compile == "auto":
+        backend = keras.backend.backend()
+        jit_compile = backend == "jax" or (backend == "tensorflow" and strategy.num_replicas_in_sync == 1)
+    epochs = options.epochs
+    if options.steps is None and epochs is None:
+        epochs = task.recipe.epochs
+    steps_per_epoch, fit_epochs = plan_steps(
+        task.prepare(options.batch_size), options.steps, epochs, options.steps_per_epoch
+    )
+    requested_steps = options.steps_per_execution
+    if keras.backend.backend() == "torch":  # Keras's PyTorch trainer runs one step per call
+        if requested_steps not in ("auto", 1):
+            raise ValueError(
+                f"steps_per_execution {requested_steps} is not possible on PyTorch (Keras runs one step "
+                "per call there): leave it 'auto' or pass 1."
+            )
+        requested_steps = 1
+    steps_per_execution = execution_steps(steps_per_epoch, requested_steps, strategy.num_replicas_in_sync)
+    return jit_compile, steps_per_epoch, fit_epochs, steps_per_execution
+
+
 def _fit(
     task: Task,
     arguments: dict,
@@ -318,28 +344,8 @@ def _fit(
     run_started, started_at = timing
     output_dir = os.fspath(options.output_dir)
     chief = distribution.is_chief(strategy)
-    jit_compile = options.jit_compile
-    # "auto": TensorFlow for one replica; JAX always (un-jitted steps are slow); PyTorch off (torch.compile
-    # starts slowly).
-    if jit_compile == "auto":
-        backend = keras.backend.backend()
-        jit_compile = backend == "jax" or (backend == "tensorflow" and strategy.num_replicas_in_sync == 1)
-    epochs = options.epochs
-    if options.steps is None and epochs is None:
-        epochs = task.recipe.epochs
-    steps_per_epoch, fit_epochs = plan_steps(
-        task.prepare(batch_size), options.steps, epochs, options.steps_per_epoch
-    )
+    jit_compile, steps_per_epoch, fit_epochs, steps_per_execution = _schedule(task, options, strategy)
     total_steps = steps_per_epoch * fit_epochs
-    requested_steps = options.steps_per_execution
-    if keras.backend.backend() == "torch":  # Keras's PyTorch trainer runs one step per call
-        if requested_steps not in ("auto", 1):
-            raise ValueError(
-                f"steps_per_execution {requested_steps} is not possible on PyTorch (Keras runs one step "
-                "per call there): leave it 'auto' or pass 1."
-            )
-        requested_steps = 1
-    steps_per_execution = execution_steps(steps_per_epoch, requested_steps, strategy.num_replicas_in_sync)
     start_epoch = min(backup.epoch, fit_epochs)
 
     previous_policy = keras.config.dtype_policy()
