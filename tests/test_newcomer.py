@@ -205,6 +205,23 @@ def test_cli_prints_only_its_own_messages(tmp_path):
     ]
 
 
+def test_the_python_quick_start_prints_no_tensorflow_start_up_lines(tmp_path):
+    """`import keras_vit` then a model: TensorFlow's C++ start-up lines (oneDNN, cuda drivers, printed
+    as each of its libraries loads) are hidden when the user set no TF_CPP_MIN_LOG_LEVEL."""
+    env = {key: value for key, value in subprocess_env().items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import keras_vit; keras_vit.vit_digits(); print('built')"],
+        env={**env, "KERAS_BACKEND": "tensorflow"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout == "built\n", done.stderr[-2000:]
+    noise = ("oneDNN custom operations", "cudart_stub", "absl::InitializeLog", "To enable the following")
+    assert not [line for line in done.stderr.splitlines() if any(part in line for part in noise)]
+
+
 def test_debug_flag_shows_the_traceback(tmp_path):
     with pytest.raises(FileNotFoundError):
         cli.main(

@@ -193,6 +193,7 @@ def test_offline_cache_miss_names_repo_file_and_local_alternative(hub_cache):
     message = str(caught.value)
     assert DEFAULT_REPO in message and "'model.safetensors'" in message and "HF_HUB_OFFLINE" in message
     assert "keras_vit.vit_ti16(pretrained='/path/to/model.safetensors')" in message
+    assert "set HF_HUB_OFFLINE=1" not in message  # it is set: no advice to set it
     assert isinstance(caught.value, OSError)
     assert cached_files(hub_cache) == []
 

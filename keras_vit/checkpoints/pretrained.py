@@ -96,8 +96,12 @@ def _local_hint(variant: str | None, cache_dir: str | os.PathLike | None = None)
         "`--weights /path/to/model.safetensors` (`--pretrained /path/to/model.safetensors` for "
         f"train/finetune), in Python {build}pretrained='/path/to/model.safetensors') or "
         "keras_vit.load_weights(model, '/path/to/model.safetensors'). Downloaded files are cached in "
-        f"{cache} (HF_HUB_CACHE) and used from there without network; set HF_HUB_OFFLINE=1 to use "
-        "only cached files and never wait for the network."
+        f"{cache} (HF_HUB_CACHE) and used from there without network"
+        + (
+            " (HF_HUB_OFFLINE is set: only those are used)."
+            if hub_constants.HF_HUB_OFFLINE
+            else "; set HF_HUB_OFFLINE=1 to use only cached files and never wait for the network."
+        )
     )
 
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 
-from keras_vit.utils.environment import install_hint, keras_backend
+from keras_vit.utils.environment import install_hint, keras_backend, tensorflow_loads_quietly
 
 __all__ = ["error_message", "load_backend", "op_error_message", "quiet_logging"]
 
@@ -32,43 +31,14 @@ def quiet_logging() -> None:
     absl_logging.set_verbosity(absl_logging.ERROR)
 
 
-def _import_tensorflow_quietly() -> None:
-    """Import TensorFlow with the C++ lines it prints while loading sent nowhere.
-
-    TensorFlow's shared libraries log a few lines (oneDNN, "Could not find cuda drivers", ...)
-    before `TF_CPP_MIN_LOG_LEVEL` applies, straight to file descriptor 2: they are caught in a
-    temporary file and shown only if the import fails.
-    """
-    if "tensorflow" in sys.modules:
-        return
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no usable descriptor 2: nothing to hide
-        import tensorflow  # noqa: F401
-
-        return
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        except BaseException:
-            os.dup2(saved, 2)
-            caught.seek(0)
-            sys.stderr.write(caught.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
 def load_backend(debug: bool) -> str:
     """Import Keras and its backend, that backend first (see the module docstring); return its name."""
-    if not debug:
-        quiet_logging()
     backend = keras_backend()
     if backend == "tensorflow" and not debug:
-        _import_tensorflow_quietly()
+        with tensorflow_loads_quietly(level="3"):
+            import tensorflow  # noqa: F401
+    if not debug:
+        quiet_logging()
     import keras  # noqa: F401  (imports the backend: torch before anything could import TensorFlow)
 
     return backend

@@ -21,6 +21,7 @@ Pure Python: imports neither TensorFlow nor Keras (`versions` reads the modules 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,9 +29,12 @@ import pathlib
 import platform
 import re
 import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
 
 __all__ = [
+    "tensorflow_loads_quietly",
     "DISTRIBUTION",
     "checkout_root",
     "enable_onednn",
@@ -80,6 +84,56 @@ def keras_backend() -> str:
     except (OSError, ValueError, AttributeError):
         backend = None
     return backend if isinstance(backend, str) and backend else "tensorflow"
+
+
+# What TensorFlow's C++ libraries print while they load (absl INFO / WARNING lines and their preamble).
+_STARTUP_NOISE = re.compile(
+    r"[IW]\d{4} \d\d:\d\d:[\d.]+ +\d+ |WARNING: All log messages before absl::InitializeLog\(\)|"
+    r"To enable the following instructions: |This TensorFlow binary is optimized"
+)
+
+
+# Whether the user chose TensorFlow's C++ log level (before keras_vit set one).
+_USER_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL" in os.environ
+
+
+@contextlib.contextmanager
+def tensorflow_loads_quietly(level: str = "1") -> Iterator[None]:
+    """While this lasts, TensorFlow's start-up lines are hidden if it loads (everything else written to
+    stderr meanwhile is shown after, and all of it if something fails).
+
+    TensorFlow's shared libraries print their INFO lines (oneDNN, "Could not find cuda drivers",
+    twice, as each library loads) straight to file descriptor 2 before any log level applies.
+    Nothing is hidden when TensorFlow is already imported or is not the backend, or when the
+    user chose a level (`TF_CPP_MIN_LOG_LEVEL` set); else that is set to `level` (1: INFO hidden).
+    """
+    if "tensorflow" in sys.modules or keras_backend() != "tensorflow" or _USER_LOG_LEVEL:
+        yield
+        return
+    ours = "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # set here: taken back unless TensorFlow loaded
+    if ours:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = level
+    sys.stderr.flush()
+    failed, saved = True, None
+    with contextlib.suppress(OSError):  # no usable descriptor 2: nothing to hide
+        saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        if saved is not None:
+            os.dup2(caught.fileno(), 2)
+        try:
+            yield
+            failed = False
+        finally:
+            if ours and "tensorflow" not in sys.modules:
+                del os.environ["TF_CPP_MIN_LOG_LEVEL"]
+            if saved is not None:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                caught.seek(0)
+                lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+                shown = lines if failed else [line for line in lines if not _STARTUP_NOISE.match(line)]
+                sys.stderr.write("".join(shown))
 
 
 def require_tensorflow_backend(feature: str) -> None:

@@ -8,6 +8,8 @@ import importlib
 import sys
 from collections.abc import Callable, Mapping
 
+from keras_vit.utils.environment import tensorflow_loads_quietly
+
 
 def lazy_exports(
     package: str, exports: Mapping[str, str], submodules: tuple[str, ...] = (), forward: str | None = None
@@ -19,14 +21,16 @@ def lazy_exports(
 
     def __getattr__(name: str):
         if name in submodules:
-            return importlib.import_module(f"{package}.{name}")
+            with tensorflow_loads_quietly():
+                return importlib.import_module(f"{package}.{name}")
         module = exports.get(name)
         if module is None and forward is not None and not name.startswith("__"):
             if name in importlib.import_module(f"{package}.{forward}").__all__:
                 module = forward
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        with tensorflow_loads_quietly():  # the first use of a model imports Keras, maybe TensorFlow
+            value = getattr(importlib.import_module(f"{package}.{module}"), name)
         setattr(sys.modules[package], name, value)
         return value
 
