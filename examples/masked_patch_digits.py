@@ -42,12 +42,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_vit import VARIANTS, build_vit  # noqa: E402
-from keras_vit.data import tfdata as data
-from keras_vit.training import (
-    pretrain,
-    recipes,  # noqa: E402
-)
-from keras_vit.utils import defaults
+from keras_vit.data import tfdata as data  # noqa: E402
+from keras_vit.training import optimization, pretrain  # noqa: E402
+from keras_vit.utils import defaults  # noqa: E402
 
 
 def labelled_subset(source: data.Source, per_class: int, seed: int) -> data.Source:
@@ -86,18 +83,18 @@ def fine_tune(
 ) -> float:
     """Fine-tune `model` on `subset` (same recipe for every start) and return its test accuracy."""
     if args.optimizer == "sgd":
-        optimizer = recipes.finetuning_optimizer(
+        optimizer = optimization.finetuning_optimizer(
             args.finetune_steps, learning_rate=args.finetune_lr, warmup_steps=args.finetune_steps // 10
         )
     else:
-        optimizer = recipes.pretraining_optimizer(
+        optimizer = optimization.pretraining_optimizer(
             args.finetune_steps,
             learning_rate=args.finetune_lr,
             weight_decay=0.05,
             warmup_steps=args.finetune_steps // 10,
             decay="cosine",
         )
-    model.compile(optimizer=optimizer, loss=recipes.loss(), metrics=["accuracy"])
+    model.compile(optimizer=optimizer, loss=optimization.loss(), metrics=["accuracy"])
     model.optimizer.build(model.trainable_variables)
     size = (args.image_size, args.image_size)
     stream = data.train_pipeline(
@@ -150,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             subset = labelled_subset(train, args.labels_per_class, seed)
             finetune_every = max(1, args.finetune_steps // 2)
             keras.utils.set_random_seed(seed)
-            # Logits (classifier_activation=None): recipes.loss() is a cross-entropy from logits.
+            # Logits (classifier_activation=None): optimization.loss() is a cross-entropy from logits.
             pretrained = fine_tune(
                 pretrain.to_classifier(result.model, 10, pooling=args.pooling, classifier_activation=None),
                 subset, test, args, seed,

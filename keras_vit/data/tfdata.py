@@ -5,7 +5,7 @@ Sources (`Source`) describe a labelled image set: `from_arrays`, `from_directory
 data) and `load_digits` (scikit-learn's 8x8 digits, the offline main job's data).
 `source.dataset` gives its examples in stored order, unbatched: `(image, label)` with image
 uint8 `(H, W, 3)` (grayscale repeated to RGB, as every ViT checkpoint takes RGB) and label a
-SPARSE int32 class index (`keras_vit.training.recipes.loss` takes sparse labels).
+SPARSE int32 class index (`keras_vit.training.optimization.loss` takes sparse labels).
 
 `train_pipeline` is an endless stream of batches whose content is a pure function of
 `(seed, epoch)`: the examples are read in passes, each pass a permutation drawn with

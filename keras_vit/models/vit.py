@@ -363,7 +363,7 @@ class ViT(keras.Model):
         `pooling` defaults to the model's, or `"token"` (`"gap"` without a [class] token) for a
         token-sequence model. `classifier_activation` defaults to the model's own (`"softmax"`
         for a factory-built model): pass `classifier_activation=None` for logits, e.g. to train
-        with a from-logits loss such as `keras_vit.training.recipes.loss()`. Other `changes` as
+        with a from-logits loss such as `keras_vit.training.optimization.loss()`. Other `changes` as
         `rebuild` (e.g. `dropout`, `drop_path_rate`).
         """
         if pooling is None:

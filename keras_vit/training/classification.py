@@ -80,7 +80,7 @@ def _build_model(
     dropout: float,
     drop_path_rate: float,
 ) -> keras.Model:
-    # Logits: the recipes' loss (`recipes.loss`) is a softmax cross-entropy from logits.
+    # Logits: the recipes' loss (`optimization.loss`) is a softmax cross-entropy from logits.
     regularisation = dict(dropout=dropout, drop_path_rate=drop_path_rate, classifier_activation=None)
     if isinstance(pretrained, keras.Model) or (
         isinstance(pretrained, (str, os.PathLike)) and os.fspath(pretrained).endswith(".keras")

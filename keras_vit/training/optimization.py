@@ -15,7 +15,7 @@ this module holds what they build:
 Labels: every pipeline in `keras_vit.data.tfdata` yields SPARSE integer class indices, except the
 training stream with mixup, which yields class distributions `(batch, classes)`. `loss()` takes
 both, with or without label smoothing (it one-hot encodes sparse labels itself), and so does
-`LabelAccuracy`: compile with `loss=recipes.loss(...)` and `metrics=[recipes.LabelAccuracy()]`
+`LabelAccuracy`: compile with `loss=optimization.loss(...)` and `metrics=[optimization.LabelAccuracy()]`
 (Keras's `"accuracy"` picks its sparse or one-hot form from the first labels it sees, so it
 would misread the integer labels of evaluation after training on mixed ones).
 
