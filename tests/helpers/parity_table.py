@@ -1,7 +1,7 @@
 """The record of the gaps the `parity` fixture measured (`tests/parity_gaps.json`) and the table of
 docs/testing.md made from it.
 
-To refresh both: run the parity tests on each backend with `--parity-record tests/parity_gaps.json`
+To refresh both: run the parity tests on each backend with `--parity-record=tests/parity_gaps.json`
 (each run replaces that backend's entries for the tests it ran), then `python tests/helpers/parity_table.py`
 rewrites the table between its markers in docs/testing.md; tests/test_parity_record.py checks the table
 against the record, and every tolerance against the gaps recorded for it.
