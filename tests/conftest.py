@@ -121,7 +121,8 @@ def pytest_addoption(parser):
         "--parity-record",
         metavar="FILE",
         help="merge the gaps the `parity` fixture measured in this run into FILE (JSON, per backend); "
-        "tests/helpers/parity_table.py makes docs/testing.md's gap table from tests/parity_gaps.json",
+        "tests/helpers/parity_table.py makes docs/testing.md's gap table from tests/parity_gaps.json. "
+        "Write --parity-record=FILE: after a space, an existing FILE is also taken for a test path",
     )
 
 

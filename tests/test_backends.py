@@ -29,7 +29,8 @@ CHECKPOINT_WORKER = Path(__file__).parent / "helpers" / "checkpoint_worker.py"
 # gaps" `python -m pytest -n 0 tests/test_backends.py` lists): a `.keras` file's logits, and the logits
 # of a checkpoint loaded on each backend.
 TOLERANCE = 3e-7
-CHECKPOINT_TOLERANCE = 2e-6
+# per checkpoint file, on JAX/PyTorch against TensorFlow: about twice the largest gaps (7.2e-7, 6e-7, 3.6e-7)
+CHECKPOINT_TOLERANCE = {"model.npz": 1.5e-6, "model.safetensors": 1.2e-6, "hf": 8e-7}
 CASES = {
     "plain": (ViTConfig("tiny_plain", 4, 32, 2, 2, 64, image_size=(16, 24)), {"representation_size": 8}),
     "hybrid": (ViTConfig("tiny_hybrid", 1, 32, 1, 2, 64, resnet_stages=(1,), image_size=32), {}),
@@ -164,4 +165,5 @@ def test_loading_checkpoints_needs_no_tensorflow(backend, checkpoints, tmp_path,
     formats = [result["checkpoints"][path]["format"] for path in expected]
     assert formats == ["timm", "google_npz", "hf"]
     for path, logits in expected.items():
-        parity(result["checkpoints"][path]["logits"], logits, CHECKPOINT_TOLERANCE, Path(path).name)
+        name = Path(path).name
+        parity(result["checkpoints"][path]["logits"], logits, CHECKPOINT_TOLERANCE[name], name)

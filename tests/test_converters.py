@@ -30,6 +30,8 @@ from keras_vit.checkpoints import (
 # TensorFlow, JAX and PyTorch backends (the "parity gaps" `python -m pytest -n 0 -m "slow or not slow"
 # tests/test_converters.py` lists; the gap grows with width and token count).
 TOLERANCE = {"vit_ti16": 1.2e-5, "vit_s16": 1.3e-5, "vit_b16": 2.7e-5, "vit_b32": 3.6e-5}
+# ViT-Ti/16 comparisons with smaller gaps (2.2e-6 to 3.4e-6): hf files, pre-logits, other heads, channels
+TI16_TOLERANCE = 6.5e-6
 HEADS = {"vit_ti16": 3, "vit_s16": 6, "vit_b16": 12, "vit_b32": 12}
 # Every format's parity on ViT-Ti/16 stays in the quick loop; the bigger variants (~40 s) are slow.
 PARITY_VARIANTS = [
@@ -161,7 +163,8 @@ def test_hf_parity_safetensors_and_bin(variant, keras_model, tmp_path, parity):
             1000,
         )
         load_into_scrambled(model, path)  # nothing left from the previous load
-        parity(_keras(model, images), expected, TOLERANCE[variant], name)
+        tolerance = TI16_TOLERANCE if variant == "vit_ti16" else TOLERANCE[variant]
+        parity(_keras(model, images), expected, tolerance, name)
 
 
 # ---- loading rules ----------------------------------------------------------------------------
@@ -193,7 +196,7 @@ def test_npz_pre_logits_load_into_representation_layer(keras_model, timm_vit, ti
     images = random_images()
     features = _timm_features(timm_vit("vit_ti16"), images).astype("float64")
     expected = np.tanh(features @ pre_logits[0] + pre_logits[1]) @ arrays["head/kernel"] + arrays["head/bias"]
-    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
+    parity(_keras(model, images), expected, TI16_TOLERANCE)
 
     with pytest.warns(UserWarning, match="pre-logits layer \\(192 wide\\) is skipped"):
         load_checkpoint(keras_model("vit_ti16"), path)
@@ -212,7 +215,7 @@ def test_hf_pooler_is_pre_logits(keras_model, tmp_path, parity):
     images = random_images()
     with torch.no_grad():
         expected = reference(pixel_values=writers.to_torch(images)).pooler_output.numpy()
-    parity(_keras(model, images), expected, TOLERANCE["vit_ti16"])
+    parity(_keras(model, images), expected, TI16_TOLERANCE)
 
 
 def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state, parity):
@@ -229,7 +232,7 @@ def test_other_class_count_keeps_zero_head(keras_model, timm_vit, ti_state, pari
 
     features = keras_model("vit_ti16", include_top=False)
     load_into_scrambled(features, ti_state)
-    parity(_keras(features, images), _timm_features(timm_vit("vit_ti16"), images), TOLERANCE["vit_ti16"])
+    parity(_keras(features, images), _timm_features(timm_vit("vit_ti16"), images), TI16_TOLERANCE)
 
 
 @pytest.mark.parametrize("channels", [1, 4])
@@ -241,7 +244,7 @@ def test_input_channels_adapted_like_timm(channels, keras_model, timm_vit, ti_st
     model = keras_model("vit_ti16", channels=channels)
     load_into_scrambled(model, ti_state)
     images = random_images(channels=channels)
-    parity(_keras(model, images), _timm(reference, images), TOLERANCE["vit_ti16"])
+    parity(_keras(model, images), _timm(reference, images), TI16_TOLERANCE)
 
 
 def test_npz_prefixes_and_big_vision_layout(keras_model, timm_vit, ti_state, parity):

@@ -15,7 +15,8 @@ from keras_vit.data.preprocessing import Preprocessing, preprocess_input
 from keras_vit.registry.variants import ViTConfig
 
 TINY = ViTConfig("tiny_vit", 4, 32, 2, 2, 64, image_size=32)
-TOLERANCE = 1e-6  # max |logit difference|, float32 runtimes vs Keras: about twice the largest gap (4.8e-7)
+# Max |logit difference|, float32 runtimes vs Keras: about twice the largest gap measured
+TOLERANCE = {"onnx": 6e-7, "onnx, one image or uint8": 4e-7, "litert": 1e-6}  # gaps 3e-7, 1.8e-7, 4.8e-7
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +54,26 @@ def uint8_images(model, batch=2):
 def test_onnx_runs_in_onnxruntime(tiny, tmp_path, parity):
     images = random_images(3, TINY.image_hw)
     path = keras_vit.export_onnx(tiny, tmp_path / "tiny.onnx")
-    parity(run_onnx(path, images), keras.ops.convert_to_numpy(tiny(images)), TOLERANCE, "ONNX float32")
+    parity(
+        run_onnx(path, images), keras.ops.convert_to_numpy(tiny(images)), TOLERANCE["onnx"], "ONNX float32"
+    )
 
     pixels = uint8_images(tiny)
     path = keras_vit.export_onnx(tiny, tmp_path / "tiny.onnx", preprocessing=True, overwrite=True)
     expected = tiny(preprocess_input(pixels.astype("float32"), Preprocessing.for_model(tiny)))
-    parity(run_onnx(path, pixels), keras.ops.convert_to_numpy(expected), TOLERANCE, "ONNX, uint8 pixels")
+    parity(
+        run_onnx(path, pixels),
+        keras.ops.convert_to_numpy(expected),
+        TOLERANCE["onnx, one image or uint8"],
+        "ONNX, uint8 pixels",
+    )
 
 
 def test_litert_runs_in_the_interpreter(tiny, tmp_path, parity):
     images = random_images(3, TINY.image_hw)
     path = keras_vit.export_litert(tiny, tmp_path / "tiny.tflite")
     expected = keras.ops.convert_to_numpy(tiny(images))
-    parity(run_litert(path, images), expected, TOLERANCE, "LiteRT float32")
+    parity(run_litert(path, images), expected, TOLERANCE["litert"], "LiteRT float32")
 
     pixels = uint8_images(tiny)
     quantized = keras_vit.export_litert(tiny, tmp_path / "int8.tflite", preprocessing=True, int8=True)
@@ -99,7 +107,12 @@ def test_cli_export_formats(tiny, tmp_path, capsys, parity):
     expected = keras.ops.convert_to_numpy(tiny(images))
     assert cli.main(["export", str(tmp_path / "m.onnx"), "--format", "onnx", "--model", str(saved)]) == 0
     assert "wrote" in capsys.readouterr().out
-    parity(run_onnx(tmp_path / "m.onnx", images), expected, TOLERANCE, "ONNX from the CLI")
+    parity(
+        run_onnx(tmp_path / "m.onnx", images),
+        expected,
+        TOLERANCE["onnx, one image or uint8"],
+        "ONNX from the CLI",
+    )
     assert cli.main(["export", str(tmp_path / "m.onnx"), "--format", "onnx", "--model", str(saved)]) == 1
     assert "already exists" in capsys.readouterr().err
     assert (

@@ -39,6 +39,17 @@ def test_every_tolerance_is_at_most_three_times_its_largest_gap():
     assert not too_loose, "tolerances above 3x their recorded gap (tighten them):\n" + "\n".join(too_loose)
 
 
+def test_every_recorded_gap_is_within_its_tolerance():
+    """The record's gaps of every backend pass the test's current tolerance (recorded by its last run)."""
+    failing = [
+        f"{nodeid} [{label}] on {backend}: gap {gap:.2g} above {tolerance:.2g}"
+        for nodeid, label, runs in _entries()
+        for backend, (gap, tolerance) in runs.items()
+        if gap > tolerance
+    ]
+    assert not failing, "\n".join(failing)
+
+
 def test_every_recorded_test_exists():
     missing = []
     for nodeid, _, _ in _entries():

@@ -32,7 +32,9 @@ from keras_vit.registry.variants import VARIANTS
 
 DEFAULT_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # vit_ti16's default tag
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-TOLERANCE = 7e-6  # max |difference| vs timm and transformers: about twice the largest gap (3.6e-6)
+TOLERANCE = 4.5e-6  # max |logit difference| vs timm and transformers: largest gap 2.2e-6
+FEATURES_TOLERANCE = 8e-6  # the [class] token's features vs timm: largest gap 4e-6
+HYBRID_TOLERANCE = 1.5e-5  # R+ViT-Ti/16 at 384 px vs timm: largest gap 7.3e-6
 
 
 # ---------------------------------------------------------------- fixtures
@@ -243,7 +245,7 @@ def test_hybrid_pretrained_true_from_cache_matches_timm(hub_cache, parity):
     resized.load_state_dict(checkpoint_filter_fn(reference.state_dict(), resized))
     images = random_images(1, (384, 384))
     logits = keras.ops.convert_to_numpy(model(images))
-    parity(logits, timm_logits(resized, images), TOLERANCE, "timm, 384 px")
+    parity(logits, timm_logits(resized, images), HYBRID_TOLERANCE, "timm, 384 px")
     del model
     keras.backend.clear_session()
 
@@ -357,7 +359,7 @@ def test_headless_checkpoint_builds_features_unless_num_classes_given(timm_tiny,
     with torch.no_grad():
         tokens = reference.forward_features(torch.from_numpy(images).permute(0, 3, 1, 2))
     pooled = keras.ops.convert_to_numpy(features(images))
-    parity(pooled, tokens[:, 0].numpy(), TOLERANCE, "timm features")
+    parity(pooled, tokens[:, 0].numpy(), FEATURES_TOLERANCE, "timm features")
     with pytest.raises(ValueError, match="no classification head: pass num_classes"):
         keras_vit.vit_ti16(pretrained=str(path), include_top=True)
     del features

@@ -32,6 +32,8 @@ TINY_HYBRID = ViTConfig("tiny_r_vit", 8, 32, 1, 2, 64, resnet_stages=(), image_s
 TINY_STAGED = ViTConfig("tiny_r2_vit", 1, 32, 1, 2, 64, resnet_stages=(1, 2), image_size=32)
 LABELS = [f"class_{index}" for index in range(5)]
 TOLERANCE = 7e-7  # max |logit difference| vs timm and transformers: about twice the largest gap (3.6e-7)
+POOLED_TOLERANCE = 4e-7  # class-token-free (GAP, MAP) models vs timm: largest gap 1.9e-7
+TOKENS_TOLERANCE = 1.7e-6  # the whole token sequence vs timm: largest gap 8.3e-7
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
@@ -163,7 +165,7 @@ def test_class_token_free_models_in_timm(pooling, fc_norm, tmp_path, parity):
     model = random_model(config)
     images = images_for(model)
     directory = keras_vit.save_pretrained(model, tmp_path / "timm")
-    parity(timm_logits(directory, images), keras_logits(model, images), TOLERANCE, "timm")
+    parity(timm_logits(directory, images), keras_logits(model, images), POOLED_TOLERANCE, "timm")
     assert_round_trip(model, directory, images)
     if fc_norm:  # the Google layout normalises before pooling
         with pytest.raises(NotExpressibleError, match="fc_norm=True"):
@@ -210,7 +212,7 @@ def test_headless_model_with_pre_logits_is_a_vit_model_with_pooler(tmp_path, par
         keras_vit.save_pretrained(model, tmp_path / "timm", "timm")
     tokens = random_model(include_top=False, pooling=None)  # the token sequence: timm's global_pool=""
     timm_dir = keras_vit.save_pretrained(tokens, tmp_path / "tokens")
-    parity(timm_logits(timm_dir, images), keras_logits(tokens, images), TOLERANCE, "timm tokens")
+    parity(timm_logits(timm_dir, images), keras_logits(tokens, images), TOKENS_TOLERANCE, "timm tokens")
     classifier = random_model(representation_size=16)
     with pytest.raises(NotExpressibleError, match="pre-logits layer before the head"):
         keras_vit.save_pretrained(classifier, tmp_path / "hf_classifier", "hf")

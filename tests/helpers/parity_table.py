@@ -1,7 +1,7 @@
 """The record of the gaps the `parity` fixture measured (`tests/parity_gaps.json`) and the table of
 docs/testing.md made from it.
 
-To refresh both: run the parity tests on each backend with `--parity-record tests/parity_gaps.json`
+To refresh both: run the parity tests on each backend with `--parity-record=tests/parity_gaps.json`
 (each run replaces that backend's entries for the tests it ran), then `python tests/helpers/parity_table.py`
 rewrites the table between its markers in docs/testing.md; tests/test_parity_record.py checks the table
 against the record, and every tolerance against the gaps recorded for it.
@@ -35,10 +35,16 @@ def load_record(path: Path = RECORD) -> dict:
 
 
 def merge_record(path, backend: str, gaps: list[tuple[str, str, float, float]]) -> None:
-    """Put this run's (node id, label, gap, tolerance) rows for `backend` into the record at `path`."""
+    """Put this run's (node id, label, gap, tolerance) rows for `backend` into the record at `path`.
+
+    A gap belongs to a backend; the tolerance to the test's code: this run's tolerance replaces the
+    one recorded with the other backends' gaps of the same comparison.
+    """
     record = load_record(path)
     for nodeid, label, gap, tolerance in gaps:
-        record.setdefault(nodeid, {}).setdefault(label, {})[backend] = (gap, tolerance)
+        runs = record.setdefault(nodeid, {}).setdefault(label, {})
+        runs[backend] = (gap, tolerance)
+        runs.update({name: (other, tolerance) for name, (other, _) in runs.items()})
     rows = sorted(
         json.dumps([nodeid, label, name, _significant(gap), _significant(tolerance)])
         for nodeid, labels in record.items()
@@ -59,7 +65,7 @@ def parity_table(record: dict) -> str:
             runs = record[nodeid][label]
             gaps = [f"{runs[backend][0]:.1e}" if backend in runs else "—" for backend in BACKENDS]
             tolerances = sorted({f"{tolerance:.2g}" for _, tolerance in runs.values()})
-            name = nodeid.removeprefix("tests/") + (f" [{label}]" if label else "")
+            name = (nodeid.removeprefix("tests/") + (f" [{label}]" if label else "")).replace("|", "\\|")
             lines.append(f"| `{name}` | " + " | ".join(gaps) + f" | {' / '.join(tolerances)} |")
     return "\n".join(lines)
 
@@ -74,7 +80,9 @@ def table_in(text: str) -> str:
 def main() -> int:
     text = DOCS.read_text()
     table = parity_table(load_record())
-    DOCS.write_text(text.replace(table_in(text), table, 1))
+    table_in(text)  # the markers are there
+    before, rest = text.split(BEGIN, 1)
+    DOCS.write_text(f"{before}{BEGIN}\n{table}\n{END}{rest.split(END, 1)[1]}")
     print(f"wrote the parity table ({len(table.splitlines()) - 2} rows) into {DOCS}")
     return 0
 
