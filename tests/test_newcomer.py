@@ -274,12 +274,15 @@ def test_reports_record_resolved_values_and_class_names_reach_the_export(tmp_pat
     )
     assert hyper["optimizer"]["class"] == "KernelDecayAdamW" and hyper["optimizer"]["global_clipnorm"] == 1.0
     assert hyper["optimizer"]["learning_rate"]["config"]["peak_learning_rate"] == 3e-3
-    assert report["data"] == {
+    data = report.pop("data")
+    assert {key: data[key] for key in ("dataset", "train_examples", "test_examples", "num_classes")} == {
         "dataset": str(folder),
         "train_examples": 8,
         "test_examples": 8,
         "num_classes": 2,
     }
+    assert sum(data["images_per_class"].values()) == 8 and set(data["images_per_class"]) == {"cat", "dog"}
+    assert all(not split["files"] and not split["reads_skipped"] for split in data["bad_images"].values())
     assert report["class_names"] == ["cat", "dog"] and report["labels_file"] == "labels.txt"
     assert read_labels(run / "labels.txt") == ["cat", "dog"]
     assert not report["strategy"].startswith("_") and report["replicas"] == 1 and report["devices"]
