@@ -12,6 +12,7 @@ split and the bad flags are checked in this process or before the backend is imp
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -320,7 +321,11 @@ def test_a_process_without_partners_stops_within_its_wait(process_id, tmp_path):
 
 @pytest.mark.slow
 def test_a_partner_killed_mid_run_stops_the_other_with_one_line(tmp_path):
-    """Process 1 SIGKILLed after the first backup: process 0 stops within the wait, its backup intact."""
+    """Process 1 SIGKILLed after the first backup: process 0 stops within the wait, its backup intact.
+
+    Its end is one `keras-vit: error:` line, unless the partner died inside a collective: then gloo
+    aborts the process first (SIGABRT, "gloo::EnforceNotMet"), the limit docs/backends.md states.
+    """
     started = _pair({"steps": 400, "steps_per_epoch": 10}, {"steps": 400, "steps_per_epoch": 10}, tmp_path)
     backup = tmp_path / "run" / "backup"
     try:
@@ -330,13 +335,19 @@ def test_a_partner_killed_mid_run_stops_the_other_with_one_line(tmp_path):
             time.sleep(0.05)
         started[1].kill()
         started[1].wait()
-        (line,) = _errors_within(started[:1], AGREEMENT_SECONDS)
+        _, stderr = started[0].communicate(timeout=AGREEMENT_SECONDS)  # ends within the wait: no hang
     finally:
         for process in started:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    assert "stop" in line and "backup is kept" in line
+    if started[0].returncode == -signal.SIGABRT:
+        assert "gloo::EnforceNotMet" in stderr, stderr[-3000:]
+    else:
+        errors = [line for line in stderr.splitlines() if "error:" in line]
+        assert started[0].returncode == 1 and len(errors) == 1, stderr[-3000:]
+        assert errors[0].startswith("keras-vit: error: ") and "Traceback" not in stderr
+        assert "stop" in errors[0] and "backup is kept" in errors[0]
     assert backup_epoch(backup) >= 1  # the last complete backup, verified
 
 
