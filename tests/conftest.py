@@ -30,7 +30,10 @@ import pytest  # noqa: E402
 # The only tests that may skip, by node id (parameters included), and the backends they may skip on.
 EXPECTED_SKIPS = {
     # the hand-written GELU derivative is TensorFlow's (models/layers.py)
-    "tests/test_layers.py::test_training_block_has_the_inference_values_and_gradients": {"jax", "torch"},
+    "tests/models/test_layers.py::test_training_block_has_the_inference_values_and_gradients": {
+        "jax",
+        "torch",
+    },
 }
 
 # The modules whose subject does not depend on the Keras backend: under `KERAS_BACKEND=jax|torch`,
@@ -39,7 +42,7 @@ EXPECTED_SKIPS = {
 BACKEND_NEUTRAL_MODULES = {
     "test_layers.py",
     "test_model_contract.py",
-    "test_converters.py",
+    "test_formats.py",
     "test_hybrid.py",
     "test_quantization_lora.py",
     "test_original_code.py",

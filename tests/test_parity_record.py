@@ -11,7 +11,7 @@ MAX_RATIO = 3  # the tests aim at about twice the largest gap; above three times
 GAP_FLOOR = 1e-7  # float32 rounding on logits of size ~1: a smaller gap is noise, not the test's margin
 # Comparisons that are not parity: the error a lossy format may add, checked against its own scale.
 NOT_PARITY = {
-    "tests/test_export_formats.py::test_litert_runs_in_the_interpreter": "LiteRT int8 weights",
+    "tests/deploy/test_export_formats.py::test_litert_runs_in_the_interpreter": "LiteRT int8 weights",
 }
 
 

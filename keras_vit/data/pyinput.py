@@ -542,7 +542,7 @@ def _read_box(
 
     Decode less: a JPEG whose box is at least twice `size` is decoded at 1/2, 1/4 or 1/8 scale by
     libjpeg's DCT scaling (Pillow's `draft`), never below `size`, and the box is resized from that;
-    the result equals the full decode's within a few levels (`tests/test_image_folders.py`).
+    the result equals the full decode's within a few levels (`tests/data/test_image_folders.py`).
     """
     from PIL import Image
 

@@ -10,11 +10,16 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import keras
 import numpy as np
 
 from keras_vit.checkpoints.format_timm import TIMM_ARCHITECTURES
+
+HELPERS = Path(__file__).resolve().parent  # workers run as subprocesses live here
+TESTS = HELPERS.parent
+REPO = TESTS.parent  # the clone: README.md, docs/, examples/, setup.cfg
 
 # keras_vit variant -> timm model name of the same architecture at 224 px (1000-class head).
 TIMM_NAMES = TIMM_ARCHITECTURES

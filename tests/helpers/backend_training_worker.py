@@ -1,4 +1,4 @@
-"""Run by tests/test_backend_training.py under `KERAS_BACKEND=jax|torch` with TensorFlow blocked
+"""Run by tests/training/test_backend_training.py under `KERAS_BACKEND=jax|torch` with TensorFlow blocked
 (importing it raises `ImportError`, as where it is not installed):
 
     python tests/helpers/backend_training_worker.py ARGUMENTS.json OUT.json [slow]

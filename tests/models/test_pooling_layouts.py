@@ -29,7 +29,7 @@ TIMM_TINY = ViTConfig(
 )
 NUM_CLASSES = 5
 # Max |logit difference| allowed, float32: about twice the largest gap measured on the TensorFlow, JAX
-# and PyTorch backends (the "parity gaps" that `python -m pytest -n 0 tests/test_pooling_layouts.py` lists).
+# and PyTorch backends (the "parity gaps" this file lists under `python -m pytest -n 0 -rA`).
 ATOL = 1.5e-6
 
 

@@ -5,7 +5,6 @@ subprocesses (`tests/helpers/training_worker.py`), each with a timeout.
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,11 +12,11 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import subprocess_env
+from helpers import HELPERS, subprocess_env
 
 from keras_vit.training.runs import distribute
 
-WORKER = os.path.join(os.path.dirname(__file__), "helpers", "training_worker.py")
+WORKER = str(HELPERS / "training_worker.py")
 TIMEOUT = 180
 
 

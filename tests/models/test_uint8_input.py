@@ -5,7 +5,7 @@ A uint8 model and a float model with the same weights: `predict(uint8 pixels)` a
 1e-6, under float32 and mixed bfloat16; in this process (TensorFlow in the suite) and, through
 this file run as a script, on JAX in a subprocess.
 
-    KERAS_BACKEND=jax python tests/test_uint8_input.py OUT.json
+    KERAS_BACKEND=jax python tests/models/test_uint8_input.py OUT.json
 """
 
 import importlib.util

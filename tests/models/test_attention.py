@@ -3,7 +3,7 @@
 "fused" (the backend's attention op) and "fused_padded" (tokens padded to a multiple of
 `ATTENTION_PADDING_MULTIPLE`, masked by sequence lengths, the padding sliced off) must give the
 "plain" products' values and gradients within 1e-5 in float32, for ViT token counts (50, 197, 577)
-and an odd one. Each backend runs `tests/attention_worker.py` in a subprocess (JAX at matmul
+and an odd one. Each backend runs `tests/helpers/attention_worker.py` in a subprocess (JAX at matmul
 precision "highest", through `jax.nn.dot_product_attention(implementation="xla")`: on a GPU the
 same padding and masks go to cuDNN). The "auto" policy table is checked for every row,
 including the GPU rows, as a pure function.
@@ -14,19 +14,18 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
-from helpers import random_images, subprocess_env
+from helpers import HELPERS, random_images, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
 from keras_vit.models.attention import ATTENTION_PADDING_MULTIPLE, choose_attention
 from keras_vit.models.layers import MultiHeadSelfAttention, TransformerBlock
 
-WORKER = Path(__file__).with_name("attention_worker.py")
+WORKER = HELPERS / "attention_worker.py"
 # Max |fused - plain| allowed (values, gradients), float32 on a CPU: about twice the largest measured.
 TOLERANCES = {"tensorflow": (2e-7, 2e-7), "jax": (2e-7, 6e-7), "torch": (3e-7, 9e-7)}
 MODEL_TOLERANCE = 2.5e-7  # a whole model's logits on this process's backend (measured: 1.2e-7 at most)

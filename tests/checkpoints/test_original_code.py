@@ -43,7 +43,7 @@ MODELS = {
     ),
 }
 # Max |logit difference| allowed, float32: about twice the largest gap measured on the TensorFlow, JAX
-# and PyTorch backends (the "parity gaps" that `python -m pytest -n 0 tests/test_original_code.py` lists).
+# and PyTorch backends (the "parity gaps" this file lists under `python -m pytest -n 0 -rA`).
 TOLERANCE = {
     "plain": 2.5e-6,
     "hybrid": 1.2e-5,

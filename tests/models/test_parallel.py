@@ -1,7 +1,7 @@
 """keras.distribution on JAX (`keras_vit.models.parallel`): data parallel and Megatron-style model parallel.
 
 The layout map's choice of weights is checked here on any backend (it is plain Python); the
-training runs happen on JAX in subprocesses (`tests/parallel_worker.py`) with 8 host CPU devices
+training runs happen on JAX in subprocesses (`tests/helpers/parallel_worker.py`) with 8 host CPU devices
 (`XLA_FLAGS=--xla_force_host_platform_device_count=8`): one device, data parallel over 8, and
 model parallel on 4x2 and 2x4 meshes train the same tiny ViT from the same weights on the same
 batches, and must agree to 1e-5 in every step's loss and every final weight; every shard must
@@ -19,13 +19,13 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from helpers import subprocess_env
+from helpers import HELPERS, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
 from keras_vit.models.parallel import get_layout_map, make_distribution
 
-WORKER = Path(__file__).with_name("parallel_worker.py")
+WORKER = HELPERS / "parallel_worker.py"
 TOLERANCE = 1e-5
 MODEL_PARALLEL_RUNS = ["model_parallel_2", "model_parallel_4"]  # meshes 4x2 and 2x4
 CONFIGS = {

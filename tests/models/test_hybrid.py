@@ -30,7 +30,7 @@ REFERENCE_PARAMS = {
 }
 # Max |logit difference| allowed against timm, float32: about twice the largest gap measured on the
 # TensorFlow, JAX and PyTorch backends (the "parity gaps" `python -m pytest -n 0 -m "slow or not slow"
-# tests/test_hybrid.py` lists).
+# tests/models/test_hybrid.py` lists).
 TOLERANCE = 1e-5
 TOLERANCES = {"vit_r_ti16": 3e-6}  # the stem-only R+Ti: its gaps are ~1.4e-6 at most
 # A small hybrid with both unit kinds (projection and identity shortcut) for the cheap tests.

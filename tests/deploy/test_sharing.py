@@ -17,8 +17,8 @@ import pytest
 import timm
 import torch
 import transformers
+from helpers import REPO, random_images
 from helpers import checkpoint_writers as writers
-from helpers import random_images
 
 import keras_vit
 from keras_vit.checkpoints.formats import FORMATS
@@ -375,7 +375,7 @@ def test_readme_share_and_deploy_examples(tmp_path, monkeypatch):
 
     from keras_vit import cli
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "sharing.md").read_text()
+    page = (REPO / "docs" / "sharing.md").read_text()
     section = page.split("\n## ", 1)[0]  # the page's examples, before its first subsection
     python_blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     commands = [

@@ -9,7 +9,7 @@ import zipfile
 import keras
 import numpy as np
 import pytest
-from helpers import random_images
+from helpers import REPO, random_images
 
 import keras_vit
 from keras_vit import ViT, ViTConfig
@@ -20,7 +20,6 @@ TINY = ViTConfig(
 TINY_HYBRID = ViTConfig(
     "tiny_hybrid_contract", 1, 32, 1, 2, 64, resnet_stages=(1, 2), image_size=32
 )  # root, stage 1 (1 unit), stage 2 (2 units)
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _randomised(model: keras.Model, seed: int = 0) -> keras.Model:

@@ -4,19 +4,18 @@ import json
 import runpy
 import subprocess
 import sys
-from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
-from helpers import subprocess_env
+from helpers import REPO, subprocess_env
 from helpers.checkpoint_writers import random_timm_vit, save_timm_safetensors, to_torch
 from PIL import Image
 
 import keras_vit
 from keras_vit import cli
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "classify.py"
+EXAMPLE = REPO / "examples" / "classify.py"
 
 
 @pytest.fixture(scope="module")

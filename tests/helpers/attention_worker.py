@@ -1,6 +1,6 @@
-"""Run by tests/test_attention_paths.py under one Keras backend (`KERAS_BACKEND=jax|torch|tensorflow`).
+"""Run by tests/models/test_attention.py under one Keras backend (`KERAS_BACKEND=jax|torch|tensorflow`).
 
-    python tests/attention_worker.py OUT.json LENGTH [LENGTH ...]
+    python tests/helpers/attention_worker.py OUT.json LENGTH [LENGTH ...]
 
 For every token count and attention implementation ("fused", "fused_padded"), a
 `MultiHeadSelfAttention` with random weights computes outputs and the gradients of a fixed

@@ -58,10 +58,10 @@ def test_parity_holds_with_onednn_the_other_way():
     """The suite runs with TensorFlow's default; this reruns plain and hybrid parity the other way."""
     other = "0" if onednn_enabled() else "1"
     selection = [
-        "tests/test_converters.py::test_timm_safetensors_parity",
-        "tests/test_converters.py::test_google_npz_parity",
-        "tests/test_converters.py::test_hf_parity_safetensors_and_bin",
-        "tests/test_hybrid.py::test_logits_match_timm",
+        "tests/checkpoints/test_formats.py::test_timm_safetensors_parity",
+        "tests/checkpoints/test_formats.py::test_google_npz_parity",
+        "tests/checkpoints/test_formats.py::test_hf_parity_safetensors_and_bin",
+        "tests/models/test_hybrid.py::test_logits_match_timm",
     ]
     done = subprocess.run(
         # -n 0: in this one process (setup.cfg's `-n auto` would start test workers inside a test worker)

@@ -9,7 +9,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from helpers import random_images
+from helpers import REPO, random_images
 
 import keras_vit
 from keras_vit.inspection import analysis as vit_inspect
@@ -20,7 +20,6 @@ TINY = keras_vit.ViTConfig("vit_tiny_test", patch_size=8, hidden_size=32, depth=
 TINY_HYBRID = keras_vit.ViTConfig(
     "vit_tiny_hybrid_test", patch_size=2, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, resnet_stages=()
 )
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _randomise(model, seed=0):

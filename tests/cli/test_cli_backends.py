@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 # Runs `keras-vit ARGV` in-process and then says whether TensorFlow got imported.
 _SCRIPT = (
     "import sys\n"
@@ -31,7 +31,7 @@ def _keras_vit(argv: list[str], backend: str, cwd: Path) -> subprocess.Completed
     environment = {
         **os.environ,
         "KERAS_BACKEND": backend,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     return subprocess.run(
         [sys.executable, "-c", _SCRIPT, *argv],

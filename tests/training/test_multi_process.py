@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import backup_epoch, subprocess_env
+from helpers import HELPERS, backup_epoch, subprocess_env
 
 from keras_vit.data import pyinput
 from keras_vit.training import options
 
-WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
+WORKER = HELPERS / "backend_training_worker.py"
 TIMEOUT = 600
 TOLERANCE = 1e-5
 # The main job's model at 16 px, the digits and the from-scratch recipe (AdamW, mixup, stochastic

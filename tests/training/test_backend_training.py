@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
+from helpers import HELPERS, backup_epoch, sigkill_after_an_epoch, subprocess_env
 
 from keras_vit.data import datasets, pyinput
 
-WORKER = Path(__file__).parent / "helpers" / "backend_training_worker.py"
+WORKER = HELPERS / "backend_training_worker.py"
 TIMEOUT = 600
 TINY_MODEL = {
     "name": "vit_tiny_test",

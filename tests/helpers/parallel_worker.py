@@ -1,8 +1,8 @@
-"""Run by tests/test_parallel.py on JAX with 8 (or 4) host CPU devices (`XLA_FLAGS=...device_count=8`).
+"""Run by tests/models/test_parallel.py on JAX with 8 (or 4) host CPU devices (`XLA_FLAGS=...device_count=8`).
 
-    python tests/parallel_worker.py single OUT_DIR
-    python tests/parallel_worker.py errors OUT_DIR
-    python tests/parallel_worker.py process OUT_DIR PROCESS_ID COORDINATOR_ADDRESS
+    python tests/helpers/parallel_worker.py single OUT_DIR
+    python tests/helpers/parallel_worker.py errors OUT_DIR
+    python tests/helpers/parallel_worker.py process OUT_DIR PROCESS_ID COORDINATOR_ADDRESS
 
 `single`: trains the same tiny ViT from the same weights on the same batches (AdamW, 4 steps) on
 one device, data parallel over 8, and model parallel on 4x2 and 2x4 meshes

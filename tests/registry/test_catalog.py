@@ -1,14 +1,13 @@
 """The catalog below everything (`keras_vit.registry.catalog`: rows, preprocessing, labels) and the one
 build-with-checkpoint step (`Checkpoint.model_kwargs`, `build_with_checkpoint`)."""
 
-import os
 import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
-from helpers import random_images, subprocess_env
+from helpers import REPO, random_images, subprocess_env
 
 import keras_vit
 from keras_vit.checkpoints.pretrained import resolve_pretrained
@@ -56,7 +55,7 @@ def test_catalog_answers_without_tensorflow_keras_or_the_hub():
 def test_catalog_reads_the_checkout_when_not_installed():
     """A source checkout on PYTHONPATH without `pip install` (a GPU machine) has no
     `keras_vit.weights` package: the catalog and labels come from the checkout's `weights/`."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO)
     code = (
         "import sys\n"
         "sys.meta_path = [finder for finder in sys.meta_path if 'editable' not in repr(finder).lower()]\n"

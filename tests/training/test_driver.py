@@ -1,14 +1,13 @@
 """The training driver: planning, EMA, mixed precision, exact resume after SIGKILL, `keras-vit train`."""
 
 import json
-import os
 import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
-from helpers import backup_epoch, sigkill_after_an_epoch, subprocess_env
+from helpers import HELPERS, backup_epoch, sigkill_after_an_epoch, subprocess_env
 
 import keras_vit
 from keras_vit.registry.variants import ViTConfig
@@ -16,7 +15,7 @@ from keras_vit.training import classification as training
 from keras_vit.training import recipes, runs
 from keras_vit.training.runs.backup import sign_state
 
-WORKER = os.path.join(os.path.dirname(__file__), "helpers", "training_worker.py")
+WORKER = str(HELPERS / "training_worker.py")
 TIMEOUT = 180
 TINY = ViTConfig(
     "vit_tiny_test", patch_size=8, hidden_size=32, depth=2, num_heads=2, mlp_dim=64, image_size=16

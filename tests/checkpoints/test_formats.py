@@ -28,7 +28,7 @@ from keras_vit.checkpoints import (
 
 # Max |logit difference| allowed per variant, float32: about twice the largest gap measured on the
 # TensorFlow, JAX and PyTorch backends (the "parity gaps" `python -m pytest -n 0 -m "slow or not slow"
-# tests/test_converters.py` lists; the gap grows with width and token count).
+# tests/checkpoints/test_formats.py` lists; the gap grows with width and token count).
 TOLERANCE = {"vit_ti16": 1.2e-5, "vit_s16": 1.3e-5, "vit_b16": 2.7e-5, "vit_b32": 3.6e-5}
 # ViT-Ti/16 comparisons with smaller gaps (2.2e-6 to 3.4e-6): hf files, pre-logits, other heads, channels
 TI16_TOLERANCE = 6.5e-6
