@@ -46,8 +46,8 @@ _EXPORTS = {
     "TokenPooling": "models.layers",
     "TransformerBlock": "models.layers",
     "ViT": "models.vit",
-    "build_vit": "models.vit",
-    "create_model": "models.vit",
+    "build_vit": "models.build",
+    "create_model": "models.build",
     "load_model": "saving",
     "resize_pos_embed": "checkpoints.pos_embed",
     "decode_predictions": "data.preprocessing",
@@ -60,7 +60,7 @@ _EXPORTS = {
     "list_pretrained": "registry.catalog",
     "preprocessing_for": "registry.catalog",
     "load_weights": "checkpoints.pretrained",
-    **{variant: "models.vit" for variant in VARIANTS},
+    **{variant: "models.build" for variant in VARIANTS},
 }
 # The parts, reachable as attributes (`keras_vit.training.train`, `keras_vit.data.tfdata`, ...).
 _SUBMODULES = (

@@ -34,7 +34,7 @@ from keras_vit.data import pyinput
 from keras_vit.data import tfdata as data
 from keras_vit.data.preprocessing import ImageTooLargeError, load_image, preprocess_input
 from keras_vit.data.tf_preprocessing import decode_image
-from keras_vit.models.vit import build_vit
+from keras_vit.models.build import build_vit
 from keras_vit.registry.variants import ViTConfig
 from keras_vit.training import classification as training
 from keras_vit.training import pretrain, runs

@@ -22,7 +22,7 @@ from keras_vit import cli
 from keras_vit.checkpoints import CheckpointError
 from keras_vit.data import tfdata as data
 from keras_vit.inspection import analysis as inspection
-from keras_vit.models.vit import build_vit
+from keras_vit.models.build import build_vit
 from keras_vit.registry.variants import ViTConfig
 from keras_vit.training import classification as training
 
@@ -91,7 +91,7 @@ import numpy as np
 import keras_vit
 from keras_vit.checkpoints import CheckpointError
 from keras_vit.inspection import analysis as inspection
-from keras_vit.models.vit import build_vit
+from keras_vit.models.build import build_vit
 from keras_vit.registry.variants import ViTConfig
 
 model = build_vit(ViTConfig("t", patch_size=8, hidden_size=32, depth=1, num_heads=2, mlp_dim=64,

@@ -173,6 +173,45 @@ def test_offline_mode_fails_without_network_and_says_so(tmp_path, monkeypatch, n
     assert "`--weights /path/to/model.safetensors`" in message and ".." not in message
 
 
+# A checkpoint not in the cache, offline: the error, and whether Keras (and so TensorFlow) had been imported.
+_OFFLINE_PROBE = """
+import sys
+{call}
+print("keras imported:", "keras" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "import keras_vit\ntry:\n    keras_vit.vit_ti16(pretrained=True)\nexcept OSError as e:\n    print(e)",
+        "from keras_vit.cli import main\nprint('status', main(['predict', IMAGE, '--model', 'vit_ti16']))",
+        "from keras_vit.cli import main\n"
+        "print('status', main(['finetune', '--model', 'vit_ti16', '--pretrained', 'true',\n"
+        "    '--output-dir', OUT]))",
+    ],
+    ids=["python", "predict", "finetune"],
+)
+def test_missing_checkpoint_is_refused_before_keras_loads(call, tmp_path):
+    """The checkpoint is resolved (and refused) before Keras and the backend are imported: the error
+    takes a fraction of a second, not the backend's seconds of start-up."""
+    image = tmp_path / "cat.jpg"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(image)
+    code = call.replace("IMAGE", repr(str(image))).replace("OUT", repr(str(tmp_path / "run")))
+    env = subprocess_env(HF_HOME=str(tmp_path / "hf"))  # offline (subprocess_env), an empty cache
+    result = subprocess.run(
+        [sys.executable, "-c", _OFFLINE_PROBE.format(call=code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    output = result.stdout + result.stderr
+    assert "keras imported: False" in result.stdout, output
+    assert "not in the cache" in output and "vit_ti16" in output, output
+    assert "status 0" not in result.stdout and not (tmp_path / "run").exists()
+
+
 def test_cached_file_is_used_when_the_network_refuses(tmp_path, monkeypatch, network_attempts):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     entry = catalog.get_entry("vit_ti16.augreg_in21k_ft_in1k")

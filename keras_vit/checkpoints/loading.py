@@ -10,8 +10,8 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from keras_vit.checkpoints import common, format_timm, resnet_stem
@@ -21,6 +21,9 @@ from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
 from keras_vit.checkpoints.reading import as_weight, read_checkpoint, resolve_checkpoint_file
 from keras_vit.registry.variants import NUMERICS, WIDTHS, ViTConfig, config_of, image_hw, variant_for
+
+if TYPE_CHECKING:  # loading needs a model's variables, not Keras: resolving a checkpoint stays Keras-free
+    import keras
 
 __all__ = [
     "CheckpointInfo",

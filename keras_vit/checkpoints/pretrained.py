@@ -44,8 +44,8 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -63,6 +63,9 @@ from keras_vit.registry import catalog
 from keras_vit.registry.variants import ViTConfig, architecture, config_of, get_config, variant_for
 from keras_vit.utils.defaults import METADATA_FILE
 from keras_vit.utils.files import ChecksumError, file_sha256, json_sha256
+
+if TYPE_CHECKING:  # no Keras import here: a pretrained= value is resolved (and refused) before Keras loads
+    import keras
 
 __all__ = [
     "Checkpoint",
@@ -412,6 +415,22 @@ def _locate(
     return _download(entry, source, cache_dir=cache_dir, variant=variant, note=note), entry, True
 
 
+def fetch_pretrained(
+    source, variant: str | None = None, *, cache_dir: str | os.PathLike | None = None
+) -> None:
+    """Have a `pretrained=` value's files on this machine (downloaded if missing), without reading them.
+
+    The command line calls it before it imports the backend, so a missing network, an unknown tag or
+    a missing file is one line within a second; `resolve_pretrained` then finds the files cached.
+    """
+    if source is False or source is None:
+        return
+    if isinstance(source, str) and source.startswith(HUB_PREFIX):
+        read_shared(source, variant=variant, cache_dir=cache_dir)
+    else:
+        _locate(source, variant, cache_dir)
+
+
 def hub_repo_files(
     repo: str, *, variant: str | None = None, cache_dir: str | os.PathLike | None = None
 ) -> tuple[str, dict | None]:
@@ -635,6 +654,8 @@ def checkpoint_record(source, model: keras.Model | None = None) -> dict | None:
     """
     if source is False or source is None:
         return None
+    import keras  # a model can only be given by a caller that has imported Keras
+
     if isinstance(source, keras.Model):
         return {"source": f"model {source.name!r} (in memory)"}
     record = {"source": source if source is True else os.fspath(source)}

@@ -129,7 +129,7 @@ def _model(args, default_weights: bool | str = True):
     `--weights` (default `default_weights`), a .keras file (keras-vit train's model.keras), a
     save_pretrained folder or a checkpoint file."""
     from keras_vit.deploy.sharing import load_pretrained
-    from keras_vit.models.vit import create_model
+    from keras_vit.models.build import create_model
     from keras_vit.saving import load_model
 
     if args.model.endswith(".keras"):
@@ -146,7 +146,23 @@ def _model(args, default_weights: bool | str = True):
                 "variant as --model and the file as --weights."
             )
         return create_model(variant, args.model)
-    return create_model(args.model, default_weights if args.weights is None else args.weights)
+    return create_model(args.model, _weights(args, default_weights))
+
+
+def _fetch_weights(model: str, weights) -> None:
+    """The checkpoint `weights` names for a variant `model`, downloaded before the backend loads: no
+    network, an unknown tag or a missing file is one line at once (the model then reads it cached)."""
+    from keras_vit.registry.variants import VARIANTS
+
+    if model in VARIANTS:
+        from keras_vit.checkpoints.pretrained import fetch_pretrained
+
+        fetch_pretrained(weights, model)
+
+
+def _weights(args, default_weights: bool | str = True):
+    """`--weights` as given, else `default_weights`."""
+    return default_weights if args.weights is None else args.weights
 
 
 def _class_names_file(args) -> str | None:
@@ -192,6 +208,8 @@ def check_predict(args) -> None:
         existing_file("image", path)
     if args.labels:
         existing_file("the labels file", args.labels)
+    if not args.saved_model:
+        _fetch_weights(args.model, _weights(args))
 
 
 def run_predict(args) -> int:
@@ -257,7 +275,7 @@ def _convert_source(args):
     """The model `convert` writes: SOURCE (a variant, a .keras file, a save_pretrained folder or
     `hf-hub:` repo, or a checkpoint into --model), else --model with --weights."""
     from keras_vit.deploy.sharing import load_pretrained
-    from keras_vit.models.vit import create_model
+    from keras_vit.models.build import create_model
     from keras_vit.registry.variants import VARIANTS
     from keras_vit.saving import load_model
 
@@ -345,6 +363,7 @@ def check_inspect(args) -> None:
     _check_model_flags(args)
     existing_file("image", args.image)  # before the model is built and the output folder made
     output_folder("--out", args.out)
+    _fetch_weights(args.model, _weights(args))
 
 
 def run_inspect(args) -> int:
@@ -422,6 +441,7 @@ def check_export(args) -> None:
     refuse_overlap(written, [args.model, args.labels])  # before anything is read or written
     if args.labels:
         existing_file("the labels file", args.labels)
+    _fetch_weights(args.model, _weights(args))
 
 
 # `keras-vit export` flags whose writer argument has another name or sense.
@@ -479,8 +499,12 @@ def _options(args) -> dict:
 
 def check_run_options(args) -> None:
     """The training commands' checks before the backend is imported: a multi-process run's flags
-    (`--coordinator`, `--num-processes`, `--process-id` or their variables) go together, on JAX."""
+    (`--coordinator`, `--num-processes`, `--process-id` or their variables) go together, on JAX; the
+    `--pretrained` checkpoint of a variant is downloaded (`_fetch_weights`)."""
     args.options_class(**_options(args)).processes()
+    pretrained = getattr(args, "pretrained", None)
+    if not (isinstance(pretrained, str) and pretrained.endswith(".keras")):  # a checkpoint to start from
+        _fetch_weights(args.model, pretrained)
 
 
 def _run_folder(args, saved_file: str) -> None:

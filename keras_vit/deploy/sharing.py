@@ -258,7 +258,7 @@ def load_pretrained(
     SHA-256 checksums `keras_vit.json` records are verified (`verify_shared`): a changed file
     is a `ChecksumError` naming it; `verify=False` loads files edited on purpose.
     """
-    from keras_vit.models.vit import build_with_checkpoint
+    from keras_vit.models.build import build_with_checkpoint
 
     is_folder = not (isinstance(source, str) and source.startswith(HUB_PREFIX))
     if is_folder and not (Path(source).expanduser() / METADATA_FILE).is_file():

@@ -43,7 +43,7 @@ import numpy as np
 
 from keras_vit.checkpoints.pretrained import checkpoint_record
 from keras_vit.data.datasets import bad_images_record, input_module, load_dataset
-from keras_vit.models.vit import build_vit, create_model
+from keras_vit.models.build import build_vit, create_model
 from keras_vit.registry.catalog import preprocessing_for
 from keras_vit.registry.variants import VARIANTS, ViTConfig, model_config
 from keras_vit.training import optimization, runs

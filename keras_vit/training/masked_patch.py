@@ -44,7 +44,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.models.vit import ViT, build_vit
+from keras_vit.models.build import build_vit
+from keras_vit.models.vit import ViT
 from keras_vit.registry.catalog import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.registry.variants import ViTConfig, config_of, model_config
 from keras_vit.utils import defaults, validation

@@ -316,7 +316,7 @@ def test_embedding_filters_reject_bad_requests(tiny, hybrid):
 
 @pytest.fixture
 def tiny_factory(monkeypatch):
-    """`keras_vit.create_model` (and the CLI's, `keras_vit.models.vit.create_model`) replaced by a tiny
+    """`keras_vit.create_model` (and the CLI's, `keras_vit.models.build.create_model`) replaced by a tiny
     random model; records what it was asked for."""
     calls = []
 
@@ -325,7 +325,7 @@ def tiny_factory(monkeypatch):
         return keras_vit.build_vit(TINY, image_size=(24, 40), num_classes=3, name=variant)
 
     monkeypatch.setattr(keras_vit, "create_model", create_model)
-    monkeypatch.setattr("keras_vit.models.vit.create_model", create_model)
+    monkeypatch.setattr("keras_vit.models.build.create_model", create_model)
     return calls
 
 

@@ -13,8 +13,8 @@ import keras_vit
 from keras_vit.checkpoints.errors import CheckpointError
 from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
+from keras_vit.models.build import build_vit
 from keras_vit.models.hybrid import STEM_NUMERICS, BottleneckUnit, StdConv2D, feature_map_size
-from keras_vit.models.vit import build_vit
 from keras_vit.registry.variants import ViTConfig, get_config
 
 NPZ_STEM = FORMATS["google_npz"].stem  # how each format names a hybrid's ResNet stem

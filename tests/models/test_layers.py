@@ -25,7 +25,7 @@ from keras_vit import (
     TransformerBlock,
     resize_pos_embed,
 )
-from keras_vit.models.vit import build_vit
+from keras_vit.models.build import build_vit
 from keras_vit.registry.variants import ViTConfig
 
 TOLERANCE = 1e-5
