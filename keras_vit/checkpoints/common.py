@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import ml_dtypes
 import numpy as np
 
 from keras_vit.checkpoints.errors import CheckpointError
@@ -211,6 +212,54 @@ def fused_part(index: int, parts: int = 3) -> Transform:
 
     _INVERSES[part] = keep  # `invert_name_maps` concatenates the parts of a fused key
     return part
+
+
+# What `as_weight` calls the kinds of tensors that are never weights.
+_KINDS = {"i": "integer", "u": "unsigned integer", "b": "bool", "U": "string", "S": "bytes", "O": "object",
+          "c": "complex"}  # fmt: skip
+
+
+def as_weight(name: str, value, dtype: str | np.dtype = "float32") -> np.ndarray:
+    """`value` as a `dtype` array for the weight `name`, or a `CheckpointError` that names it.
+
+    Weights are floating point: an integer, bool, string or object tensor is refused, not cast
+    (an int32 kernel cast silently gives wrong outputs), as is a tensor with NaN or Inf values
+    (counted after the cast, so float64 values beyond float32's range count too).
+    """
+    value = np.asarray(value)
+    if value.dtype.kind != "f" and value.dtype != ml_dtypes.bfloat16:
+        raise CheckpointError(
+            f"{name} holds {_KINDS.get(value.dtype.kind, 'non-float')} values ({value.dtype}), not floating "
+            "point: weights are never integer, bool or string tensors. The file is damaged or not a model "
+            "checkpoint."
+        )
+    with np.errstate(over="ignore"):  # values beyond `dtype`'s range become Inf, counted below
+        cast = np.asarray(value, dtype=dtype)
+    bad = cast.size - int(np.count_nonzero(np.isfinite(cast)))
+    if bad:
+        raise CheckpointError(
+            f"{name} holds {bad} NaN/Inf value(s) of {cast.size} (as {np.dtype(cast.dtype).name}): the "
+            "checkpoint is damaged or comes from a diverged run."
+        )
+    return cast
+
+
+def to_weight(
+    name: str, value, shape, dtype: str | np.dtype = "float32", input_conv: bool = False
+) -> np.ndarray:
+    """A checkpoint tensor as the value of the weight `name` of `shape`, the one place a stored value
+    becomes a weight: checked and cast (`as_weight`), and for an input convolution's kernel (the patch
+    embedding, a hybrid's root conv) stored for other input channels, adapted (`adapt_input_conv`)."""
+    value = as_weight(name, value, dtype)
+    shape = tuple(shape)
+    if (
+        input_conv
+        and value.ndim == 4
+        and len(shape) == 4
+        and value.shape[:2] + value.shape[3:] == shape[:2] + shape[3:]
+    ):
+        value = adapt_input_conv(value, shape[2]).astype(dtype, copy=False)
+    return value
 
 
 def adapt_input_conv(kernel: np.ndarray, channels: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from keras_vit.checkpoints.common import CanonicalTensor, CheckpointFormat, Conv
 from keras_vit.checkpoints.errors import CheckpointError
 from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.pos_embed import POS_EMBED_INTERPOLATIONS, resize_pos_embed
-from keras_vit.checkpoints.reading import as_weight, read_checkpoint, resolve_checkpoint_file
+from keras_vit.checkpoints.reading import read_checkpoint, resolve_checkpoint_file
 from keras_vit.registry.variants import NUMERICS, WIDTHS, ViTConfig, config_of, image_hw, variant_for
 
 if TYPE_CHECKING:  # loading needs a model's variables, not Keras: resolving a checkpoint stays Keras-free
@@ -177,11 +177,18 @@ def source_numerics(format: str, hf_config: Mapping | None = None) -> str:
 
 
 def _read(source, format: str | None, hf_config: Mapping | None = None) -> _Checkpoint:
+    """A checkpoint path (read here) or a state dict, prepared for loading (`_prepare`)."""
     path = None if isinstance(source, Mapping) else resolve_checkpoint_file(source)
     if path is None:
-        state, label = {str(key): np.asarray(value) for key, value in source.items()}, "state dict"
-    else:
-        state, label = read_checkpoint(path), str(path)
+        return _prepare(source, format, "state dict", hf_config=hf_config)
+    return _prepare(read_checkpoint(path), format, str(path), path, hf_config)
+
+
+def _prepare(
+    state: Mapping, format: str | None, label: str, path: Path | None = None, hf_config: Mapping | None = None
+) -> _Checkpoint:
+    """A state dict split into its format's flat names and its ResNet stem, with what it says of itself."""
+    state = {str(key): np.asarray(value) for key, value in state.items()}
     if format is None:
         format = detect_format(state)
     elif format not in FORMATS:
@@ -463,11 +470,28 @@ def load_checkpoint(
     are the model's: `create_model(..., pretrained=...)` builds the model with the checkpoint
     source's (`CheckpointInfo.numerics`).
     """
+    _load(model, _read(source, format), pos_embed_interpolation)
+
+
+def load_state(
+    model: keras.Model,
+    state: Mapping[str, np.ndarray],
+    format: str,
+    label: str,
+    pos_embed_interpolation: str | None = None,
+) -> None:
+    """`load_checkpoint` of a state dict already read (`pretrained.Checkpoint.load_into`), its errors
+    naming the checkpoint as `label` (e.g. "checkpoint 'vit_b16.augreg_in21k'")."""
+    checkpoint = _prepare(state, format, label)
+    _load(model, checkpoint, pos_embed_interpolation)
+
+
+def _load(model: keras.Model, checkpoint: _Checkpoint, pos_embed_interpolation: str | None) -> None:
+    """Plan every assignment, refuse a misfit, then assign: the load of `load_checkpoint`."""
     try:
         model_heads = config_of(model).num_heads
     except ValueError as error:
         raise CheckpointError(f"Checkpoints load into keras_vit models only. {error}") from None
-    checkpoint = _read(source, format)
     interpolation = pos_embed_interpolation or checkpoint.row.pos_embed_interpolation
     if interpolation not in POS_EMBED_INTERPOLATIONS:
         raise ValueError(
@@ -523,12 +547,14 @@ def _plan(model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion, m
         if variable is None:
             plan.unused.append(_describe(tensor))
             continue
+        expected = tuple(variable.shape)
         try:
-            value = as_weight(tensor.source, tensor.value, variable.dtype)
+            value = common.to_weight(
+                tensor.source, tensor.value, expected, variable.dtype, name == common.PATCH_KERNEL
+            )
         except CheckpointError as error:
             plan.bad.append(str(error))
             continue
-        expected = tuple(variable.shape)
         if (
             name == common.POS_EMBED
             and value.ndim == 3
@@ -543,9 +569,6 @@ def _plan(model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion, m
             if source_grid != tuple(model.pos_embed.grid_size):
                 plan.resized_pos_embed = value, source_grid
                 continue
-        if name == common.PATCH_KERNEL and value.ndim == 4 and len(expected) == 4:
-            if value.shape[:2] + value.shape[3:] == expected[:2] + expected[3:]:
-                value = common.adapt_input_conv(value, expected[2])
         if tuple(value.shape) != expected:
             plan.mismatched.append(f"{_describe(tensor)} -> {name} {expected}")
         else:

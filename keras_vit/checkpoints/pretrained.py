@@ -55,10 +55,9 @@ from keras_vit.checkpoints import (
     CheckpointInfo,
     detect_format,
     inspect_checkpoint,
-    load_checkpoint,
     read_checkpoint,
 )
-from keras_vit.checkpoints.loading import read_hf_config
+from keras_vit.checkpoints.loading import load_state, read_hf_config
 from keras_vit.registry import catalog
 from keras_vit.registry.variants import ViTConfig, architecture, config_of, get_config, variant_for
 from keras_vit.utils.defaults import METADATA_FILE
@@ -361,9 +360,7 @@ class Checkpoint:
 
         `pos_embed_interpolation`: as `load_checkpoint` (default: the source's own resampling).
         """
-        load_checkpoint(
-            model, self.state, format=self.info.format, pos_embed_interpolation=pos_embed_interpolation
-        )
+        load_state(model, self.state, self.info.format, self.label, pos_embed_interpolation)
         model.pretrained_tag = self.tag
 
 

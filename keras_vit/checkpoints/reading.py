@@ -33,7 +33,7 @@ from safetensors.numpy import load_file as _load_safetensors
 
 from keras_vit.checkpoints.errors import CheckpointError
 
-__all__ = ["as_weight", "read_checkpoint", "resolve_checkpoint_file", "TORCH_SUFFIXES"]
+__all__ = ["read_checkpoint", "resolve_checkpoint_file", "TORCH_SUFFIXES"]
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 # Files looked for, in this order, when a directory (a Hugging Face / timm snapshot) is given.
@@ -57,8 +57,6 @@ _MAX_DEFLATE_RATIO = 1032
 # All tensors of a PyTorch file together may take this many times its storages' bytes (views of one
 # storage under several names are copied apart).
 _MAX_TORCH_EXPANSION = 4
-_KINDS = {"i": "integer", "u": "unsigned integer", "b": "bool", "U": "string", "S": "bytes", "O": "object",
-          "c": "complex"}  # fmt: skip
 _SAFETENSORS_DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
     "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
@@ -85,31 +83,6 @@ def resolve_checkpoint_file(path: str | os.PathLike) -> Path:
     if not path.is_file():
         raise CheckpointError(f"No checkpoint file at {path}: check the path.")
     return path
-
-
-def as_weight(name: str, value, dtype: str | np.dtype = "float32") -> np.ndarray:
-    """`value` as a `dtype` array for the weight `name`, or a `CheckpointError` that names it.
-
-    Weights are floating point: an integer, bool, string or object tensor is refused, not cast
-    (an int32 kernel cast silently gives wrong outputs), as is a tensor with NaN or Inf values
-    (counted after the cast, so float64 values beyond float32's range count too).
-    """
-    value = np.asarray(value)
-    if value.dtype.kind != "f" and value.dtype != ml_dtypes.bfloat16:
-        raise CheckpointError(
-            f"{name} holds {_KINDS.get(value.dtype.kind, 'non-float')} values ({value.dtype}), not floating "
-            "point: weights are never integer, bool or string tensors. The file is damaged or not a model "
-            "checkpoint."
-        )
-    with np.errstate(over="ignore"):  # values beyond `dtype`'s range become Inf, counted below
-        cast = np.asarray(value, dtype=dtype)
-    bad = cast.size - int(np.count_nonzero(np.isfinite(cast)))
-    if bad:
-        raise CheckpointError(
-            f"{name} holds {bad} NaN/Inf value(s) of {cast.size} (as {np.dtype(cast.dtype).name}): the "
-            "checkpoint is damaged or comes from a diverged run."
-        )
-    return cast
 
 
 def _check_member(archive: zipfile.ZipFile, name: str, path: Path) -> zipfile.ZipInfo:

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keras_vit.checkpoints.common import StemLayout, adapt_input_conv
+from keras_vit.checkpoints.common import StemLayout, to_weight
 from keras_vit.checkpoints.errors import CheckpointError
-from keras_vit.checkpoints.reading import as_weight
 
 if TYPE_CHECKING:
     import keras
@@ -131,13 +130,13 @@ def stem_weights(
     pairs, mismatched = [], []
     root_kernel = _stem(model)["conv_root"].kernel
     for key, variable in mapping.items():
-        value = as_weight(key, state[key])  # float32; integer, string or NaN/Inf tensors refused
+        value = np.asarray(state[key])
         if value.ndim == 4 and layout.oihw:
             value = value.transpose(2, 3, 1, 0)  # OIHW -> HWIO
         elif len(variable.shape) == 1:
             value = value.reshape(-1)  # (1, 1, 1, C) GroupNorm parameters of older Flax files
-        if variable is root_kernel and value.ndim == 4:
-            value = adapt_input_conv(value, variable.shape[2])  # grayscale or extra channels, as timm
+        # float32 (integer, string or NaN/Inf tensors refused); the root kernel adapted to the channels
+        value = to_weight(key, value, variable.shape, input_conv=variable is root_kernel)
         if tuple(value.shape) != tuple(variable.shape):
             mismatched.append(f"{key}: checkpoint {tuple(value.shape)} vs model {tuple(variable.shape)}")
         pairs.append((variable, value))
