@@ -22,6 +22,7 @@ __all__ = [
     "choose_attention",
     "compute_device",
     "fused_attention",
+    "refuse_unsupported_kernel",
 ]
 
 ATTENTION_IMPLEMENTATIONS = ("auto", "plain", "fused", "fused_padded")
@@ -111,9 +112,23 @@ def _cudnn_takes(device: str, dtype, head_dim: int) -> bool:
     return device == "gpu" and _precision(dtype) == "half" and head_dim % 8 == 0 and head_dim <= 128
 
 
-def fused_attention(query, key, value, padded: bool):
+def refuse_unsupported_kernel(kernel: str, tokens: int, training: bool) -> None:
+    """Refuse, with what to use instead, a forced "fused" attention the kernel cannot run: cuDNN's flash
+    attention does not train on an odd token count (jax's check; 197 tokens for B/16 at 224 px, measured
+    on an H200), which otherwise fails deep inside the training step's compilation."""
+    if kernel == "cudnn" and training and tokens % 2:
+        raise ValueError(
+            f'attention_implementation="fused" cannot train on {tokens} tokens here: cuDNN\'s flash '
+            'attention takes an odd token count at inference only. Use "fused_padded" (tokens padded to '
+            f"a multiple of {ATTENTION_PADDING_MULTIPLE} and masked, the fastest measured for training) or "
+            '"auto".'
+        )
+
+
+def fused_attention(query, key, value, padded: bool, training: bool = False):
     """softmax(q k^T) v through the backend's attention op, `(batch, tokens, heads, head_dim)`
-    inputs with q scaled; with `padded`, on tokens padded to `ATTENTION_PADDING_MULTIPLE` and masked."""
+    inputs with q scaled; with `padded`, on tokens padded to `ATTENTION_PADDING_MULTIPLE` and masked.
+    A kernel that cannot run the call is refused first (`refuse_unsupported_kernel`)."""
     length = query.shape[1]
     if length is None:
         raise ValueError("Fused attention needs a known token count: build the model for its image size.")
@@ -125,6 +140,7 @@ def fused_attention(query, key, value, padded: bool):
         import jax.numpy as jnp
 
         kernel = "cudnn" if _cudnn_takes(compute_device(), query.dtype, query.shape[-1]) else "xla"
+        refuse_unsupported_kernel(kernel, length + padding, training)
         lengths = jnp.full((query.shape[0],), length, "int32") if padding else None
         context = jax.nn.dot_product_attention(
             query,

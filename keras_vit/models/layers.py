@@ -413,7 +413,9 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         else:
             # (batch, tokens, heads, head_dim), the layout of the fused ops; q is scaled.
             query, key, value = ops.unstack(qkv, 3, axis=2)
-            context = fused_attention(query, key, value, padded=implementation == "fused_padded")
+            context = fused_attention(
+                query, key, value, padded=implementation == "fused_padded", training=bool(training)
+            )
             context, scores = ops.reshape(context, (-1, width)), None
         output = ops.matmul(context, ops.reshape(self.output_dense.kernel, (width, width)))
         output = ops.reshape(output + self.output_dense.bias, (batch, length, width))

@@ -22,7 +22,8 @@ from helpers import HELPERS, random_images, subprocess_env
 
 import keras_vit
 from keras_vit import ViTConfig
-from keras_vit.models.attention import ATTENTION_PADDING_MULTIPLE, choose_attention
+from keras_vit.models import layers
+from keras_vit.models.attention import ATTENTION_PADDING_MULTIPLE, choose_attention, refuse_unsupported_kernel
 from keras_vit.models.layers import MultiHeadSelfAttention, TransformerBlock
 
 WORKER = HELPERS / "attention_worker.py"
@@ -101,6 +102,34 @@ def test_unknown_implementation_is_refused_with_the_choices():
         MultiHeadSelfAttention(2, attention_implementation="flash")
     with pytest.raises(ValueError, match=r"Unknown attention_implementation"):
         keras_vit.build_vit(ViTConfig("t", 4, 16, 1, 2, 32, image_size=8), attention_implementation="cudnn")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "tokens", "training"), [("xla", 197, True), ("cudnn", 197, False), ("cudnn", 256, True)]
+)
+def test_a_kernel_runs_what_it_takes(kernel, tokens, training):
+    refuse_unsupported_kernel(kernel, tokens, training)  # no error
+
+
+def test_forced_fused_training_on_an_odd_token_count_is_refused_naming_what_works(monkeypatch):
+    """cuDNN's flash attention does not train on 197 tokens: one clear error before the kernel is
+    called (on a GPU it failed deep inside the step's compilation), naming "fused_padded" and "auto".
+    The layer hands its mode to the check: a training call reaches it as `training=True`."""
+    with pytest.raises(ValueError, match=r'cannot train on 197 tokens.*"fused_padded".*"auto"'):
+        refuse_unsupported_kernel("cudnn", 197, training=True)
+    seen = []
+    fused = layers.fused_attention
+
+    def recording(query, key, value, padded, training=False):
+        seen.append((padded, training))
+        return fused(query, key, value, padded, training)
+
+    monkeypatch.setattr(layers, "fused_attention", recording)
+    layer = MultiHeadSelfAttention(2, attention_implementation="fused")
+    tokens = np.zeros((1, 5, 8), "float32")
+    layer(tokens, training=True)
+    layer(tokens)
+    assert seen == [(False, True), (False, False)]
 
 
 def test_scores_and_attention_dropout_take_the_plain_products(rng):
