@@ -479,8 +479,9 @@ def _options(args) -> dict:
 
 def check_run_options(args) -> None:
     """The training commands' checks before the backend is imported: a multi-process run's flags
-    (`--coordinator`, `--num-processes`, `--process-id` or their variables) go together, on JAX."""
-    args.options_class(**_options(args)).processes()
+    (`--coordinator`, `--num-processes`, `--process-id` or their variables) go together, on JAX;
+    such a run is noted in `args.multi_process` (its process then runs supervised: `main`)."""
+    args.multi_process = args.options_class(**_options(args)).processes()
 
 
 def _run_folder(args, saved_file: str) -> None:
