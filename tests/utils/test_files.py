@@ -522,3 +522,23 @@ def test_the_run_files_are_never_written_through_a_link_planted_while_it_runs(tm
     assert not (tmp_path / "state.json").exists() and not (tmp_path / "report.json").exists()
     write_json(str(tmp_path / "fresh.json"), {"epoch": 2})
     assert json.loads((tmp_path / "fresh.json").read_text()) == {"epoch": 2}
+
+
+def test_a_transposed_square_kernel_is_caught_by_the_folders_checksum_by_either_path(tmp_path):
+    """A square kernel transposed in a save_pretrained folder's weights keeps every shape; the
+    folder's record (keras_vit.json) catches it whether the folder or its file is loaded. A file with
+    no record cannot be checked this way (the limit docs/reliability.md states)."""
+    from safetensors.numpy import load_file, save_file
+
+    from keras_vit.utils.files import ChecksumError
+
+    folder = tmp_path / "pretrained"
+    keras_vit.save_pretrained(keras_vit.create_model(TINY, num_classes=3), folder)
+    tensors = load_file(folder / "model.safetensors")
+    square = tensors["blocks.0.attn.proj.weight"]
+    assert square.shape[0] == square.shape[1]
+    tensors["blocks.0.attn.proj.weight"] = np.ascontiguousarray(square.T)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    for path in (folder, folder / "model.safetensors"):
+        with pytest.raises(ChecksumError, match="does not match the SHA-256 checksum keras_vit.json records"):
+            keras_vit.load_weights(keras_vit.create_model(TINY, num_classes=3), path)
