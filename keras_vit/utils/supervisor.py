@@ -61,6 +61,7 @@ def attach() -> None:
         return
     fd, pid = (int(part) for part in value.split(":"))
     _channel, _supervisor_pid = socket.socket(fileno=fd), pid
+    _channel.set_inheritable(False)  # the channel closes when this process ends, not its children
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             import ctypes
@@ -252,7 +253,8 @@ def run(argv: list[str], index: int, prefix: str = "keras-vit", program: list[st
     forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child too
     pump = threading.Thread(target=supervisor.pump, args=(child.stderr,), daemon=True)
     pump.start()
-    threading.Thread(target=supervisor.listen, args=(ours,), daemon=True).start()
+    listener = threading.Thread(target=supervisor.listen, args=(ours,), daemon=True)
+    listener.start()
     try:
         while child.poll() is None:
             if supervisor.news.wait(0.1):
@@ -261,6 +263,7 @@ def run(argv: list[str], index: int, prefix: str = "keras-vit", program: list[st
             supervisor.release()
         status = child.wait()
         pump.join(5)
+        listener.join(5)  # the child's last words (`done`) reach the partners before the connections close
         if status == 0:
             supervisor.release(force=True)
             return 0

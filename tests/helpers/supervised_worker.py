@@ -1,10 +1,11 @@
 """A stand-in for the training process of a multi-process run, under `keras_vit.utils.supervisor`.
 
-`supervised_worker.py ADDRESS INDEX COLLECTIVE_PORT [abort|fail]`: agrees with its partner
+`supervised_worker.py ADDRESS INDEX COLLECTIVE_PORT [abort|fail|finish]`: agrees with its partner
 (`keras_vit.training.runs.agreement`, which hands the connection to the supervisor), then waits in
 a "collective": a second connection to the partner, as gloo's. When the partner dies that
 connection resets and this process ends as gloo ends one (`abort`: a C++ message and SIGABRT) or
-as a collective's error does (`fail`: the driver's lost-connection line, exit status 1).
+as a collective's error does (`fail`: the driver's lost-connection line, exit status 1); with
+`finish` both end well, process 1 first.
 """
 
 import importlib.util
@@ -26,7 +27,12 @@ agree = agreement.agree
 
 address, index, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 how = sys.argv[4] if len(sys.argv) > 4 else "abort"
-agree(address, 2, index, {"seed": 0}, wait=60)
+partners = agree(address, 2, index, {"seed": 0}, wait=60)
+if how == "finish":  # the run ends well: process 1 at once, process 0 two seconds later
+    print(f"training {os.getpid()}", flush=True)
+    time.sleep(2 * (index == 0))
+    partners.finish()
+    sys.exit(0)
 if index == 0:
     with socket.create_server(("localhost", port)) as server:
         peer, _ = server.accept()

@@ -130,6 +130,15 @@ def test_sigterm_reaches_the_training_process_and_ends_the_supervisor_as_it():
     assert second == 1 and "keras-vit: error: process 0 (pid " in survivor
 
 
+def test_a_partner_that_finished_first_is_no_news():
+    """Process 1 ends well and exits while process 0 still works: its `done` reaches process 0 before
+    its connection closes, and both end with status 0, without a word."""
+    processes = _pair("finish")
+    _training_pids(processes)
+    for status, stderr in _end(processes):
+        assert status == 0 and "error:" not in stderr, stderr
+
+
 def test_partner_news():
     """`done` is no news; a closed connection names the partner; `lost K` names process K."""
     for said, news in [(b"done\n", None), (b"", 1), (b"lost 2\n", 2), (b"lo", 1), (b"lost x\ndone\n", None)]:
