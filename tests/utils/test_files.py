@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -33,6 +34,7 @@ from keras_vit.utils.files import (
     RunLock,
     json_sha256,
     refuse_overlap,
+    replace_file,
     write_owned,
 )
 
@@ -542,3 +544,21 @@ def test_a_transposed_square_kernel_is_caught_by_the_folders_checksum_by_either_
     for path in (folder, folder / "model.safetensors"):
         with pytest.raises(ChecksumError, match="does not match the SHA-256 checksum keras_vit.json records"):
             keras_vit.load_weights(keras_vit.create_model(TINY, num_classes=3), path)
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard", "dangling"])
+def test_replace_file_replaces_a_link_never_writes_through_it(link, tmp_path):
+    """`keras-vit convert` and the ONNX/LiteRT exports (`replace_file`): a link where the file goes is
+    replaced by a new file; what it pointed to stays as it was, and nothing is made elsewhere."""
+    precious = tmp_path / "precious.keras"
+    precious.write_text("the user's")
+    path = tmp_path / "out" / "model.keras"
+    path.parent.mkdir()
+    if link == "hard":
+        os.link(precious, path)
+    else:
+        path.symlink_to(precious if link == "symbolic" else tmp_path / "nowhere.keras")
+    replace_file(path, lambda staging: Path(staging).write_text("new"))
+    assert precious.read_text() == "the user's" and not (tmp_path / "nowhere.keras").exists()
+    assert not path.is_symlink() and path.read_text() == "new" and os.stat(path).st_nlink == 1
+    assert sorted(os.listdir(path.parent)) == ["model.keras"]
