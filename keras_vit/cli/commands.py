@@ -499,9 +499,10 @@ def _options(args) -> dict:
 
 def check_run_options(args) -> None:
     """The training commands' checks before the backend is imported: a multi-process run's flags
-    (`--coordinator`, `--num-processes`, `--process-id` or their variables) go together, on JAX; the
+    (`--coordinator`, `--num-processes`, `--process-id` or their variables) go together, on JAX;
+    such a run is noted in `args.multi_process` (its process then runs supervised: `main`); the
     `--pretrained` checkpoint of a variant is downloaded (`_fetch_weights`)."""
-    args.options_class(**_options(args)).processes()
+    args.multi_process = args.options_class(**_options(args)).processes()
     pretrained = getattr(args, "pretrained", None)
     if not (isinstance(pretrained, str) and pretrained.endswith(".keras")):  # a checkpoint to start from
         _fetch_weights(args.model, pretrained)

@@ -18,6 +18,7 @@ import numpy as np
 
 from keras_vit.inspection import analysis as vit_inspect
 from keras_vit.utils.environment import install_hint
+from keras_vit.utils.files import replace_file
 
 __all__ = [
     "DEFAULT_DPI",
@@ -55,7 +56,9 @@ def _figure(width: float, height: float):
 def _finish(figure, path: str | os.PathLike | None, title: str | None, dpi: float):
     if title:
         figure.suptitle(title, fontsize="medium")
-    if path is not None:
+    if isinstance(path, (str, os.PathLike)):  # a file of its own, never written through a link there
+        replace_file(path, lambda staging: figure.savefig(staging, dpi=dpi))
+    elif path is not None:  # a file object
         figure.savefig(path, dpi=dpi)
     return figure
 

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import zipfile
 import zlib
@@ -32,6 +33,7 @@ __all__ = [
     "RunLock",
     "file_sha256",
     "json_sha256",
+    "refuse_link",
     "refuse_overlap",
     "replace_file",
     "load_keras_file",
@@ -39,6 +41,37 @@ __all__ = [
 ]
 
 LOCK_FILE = ".keras_vit-run.lock"
+
+
+def refuse_link(path: str | os.PathLike) -> None:
+    """`FileExistsError` when `path` is a symbolic link, a hard link or not a regular file: a writer
+    about to write (or replace) a file of its own there would write through it, or drop a name it
+    did not make. Nothing there, or a plain file: no error."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(info.st_mode):
+        what = f"a symbolic link (to {os.readlink(path)})"
+    elif not stat.S_ISREG(info.st_mode):
+        what = "not a regular file"
+    elif info.st_nlink > 1:
+        what = f"a hard link ({info.st_nlink} names for one file)"
+    else:
+        return
+    raise FileExistsError(
+        f"{os.fspath(path)} is {what}, not a file keras_vit wrote: it writes its files only as files of its "
+        "own, never through a link. Remove it (what it points to is left as it is), or choose another "
+        "output folder."
+    )
+
+
+def open_for_writing(path: str | os.PathLike, mode: str = "w", **kwargs):
+    """`open(path, mode)` for a file of the writer's own: refused (`refuse_link`) when a link is there,
+    and opened without following one (`O_NOFOLLOW`) where the system has it."""
+    refuse_link(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    return open(os.open(path, flags, 0o666), mode, **kwargs)
 
 
 class ChecksumError(ValueError):

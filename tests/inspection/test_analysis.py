@@ -3,6 +3,7 @@ position-embedding similarity, embedding filters, their pictures and `keras-vit 
 
 import itertools
 import math
+import os
 import runpy
 from pathlib import Path
 
@@ -419,3 +420,16 @@ def test_star_import_keeps_the_standard_inspect():
     exec("import inspect\nfrom keras_vit import *", namespace)
     assert namespace["inspect"].__name__ == "inspect"
     assert "inspect" not in keras_vit.__all__ and "inspection" not in keras_vit.__all__
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard"])
+def test_a_plot_replaces_a_link_at_its_path_never_writes_through_it(link, tmp_path):
+    """`keras-vit inspect` writes its pictures as files of its own: a link planted under a picture's
+    name is replaced, what it points to stays as it was."""
+    precious = tmp_path / "precious.png"
+    precious.write_bytes(b"the user's")
+    path = tmp_path / "out.png"
+    path.symlink_to(precious) if link == "symbolic" else os.link(precious, path)
+    plots.plot_position_embedding_similarity(np.zeros((2, 3, 2, 3), dtype="float32"), path)
+    assert precious.read_bytes() == b"the user's"
+    _check_png(path)

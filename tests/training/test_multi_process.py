@@ -12,7 +12,6 @@ split and the bad flags are checked in this process or before the backend is imp
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -320,12 +319,11 @@ def test_a_process_without_partners_stops_within_its_wait(process_id, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_partner_killed_mid_run_stops_the_other_with_one_line(tmp_path):
-    """Process 1 SIGKILLed after the first backup: process 0 stops within the wait, its backup intact.
-
-    Its end is one `keras-vit: error:` line, unless the partner died inside a collective: then gloo
-    aborts the process first (SIGABRT, "gloo::EnforceNotMet"), the limit docs/backends.md states.
-    """
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_partner_killed_mid_run_stops_the_other_with_one_line(victim, tmp_path):
+    """Process 0 or 1 SIGKILLed after the first backup: the other stops within the wait, its backup
+    intact, with one `keras-vit: error:` line naming the dead process, whether JAX's coordination
+    client or gloo would have aborted it (the training runs in a child of `keras_vit.utils.supervisor`)."""
     started = _pair({"steps": 400, "steps_per_epoch": 10}, {"steps": 400, "steps_per_epoch": 10}, tmp_path)
     backup = tmp_path / "run" / "backup"
     try:
@@ -333,21 +331,22 @@ def test_a_partner_killed_mid_run_stops_the_other_with_one_line(tmp_path):
         while backup_epoch(backup) < 1:
             assert all(process.poll() is None for process in started) and time.monotonic() < deadline
             time.sleep(0.05)
-        started[1].kill()
-        started[1].wait()
-        _, stderr = started[0].communicate(timeout=AGREEMENT_SECONDS)  # ends within the wait: no hang
+        started[victim].kill()
+        started[victim].wait()
+        survivor = started[1 - victim]
+        _, stderr = survivor.communicate(timeout=AGREEMENT_SECONDS)  # ends within the wait: no hang
     finally:
         for process in started:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    if started[0].returncode == -signal.SIGABRT:
-        assert "gloo::EnforceNotMet" in stderr, stderr[-3000:]
-    else:
-        errors = [line for line in stderr.splitlines() if "error:" in line]
-        assert started[0].returncode == 1 and len(errors) == 1, stderr[-3000:]
-        assert errors[0].startswith("keras-vit: error: ") and "Traceback" not in stderr
-        assert "stop" in errors[0] and "backup is kept" in errors[0]
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert survivor.returncode == 1 and len(errors) == 1, stderr[-3000:]
+    assert errors[0].startswith(f"keras-vit: error: process {victim} (pid {started[victim].pid} on ")
+    assert "stopped before the run ended" in errors[0] and "backup is kept" in errors[0]
+    assert not any(sign in stderr for sign in ("Traceback", "stack trace", "terminate called")), stderr[
+        -3000:
+    ]
     assert backup_epoch(backup) >= 1  # the last complete backup, verified
 
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -33,6 +34,7 @@ from keras_vit.utils.files import (
     RunLock,
     json_sha256,
     refuse_overlap,
+    replace_file,
     write_owned,
 )
 
@@ -472,3 +474,91 @@ def test_keras_model_stays_loadable(tiny, tmp_path):
     np.testing.assert_array_equal(
         keras.ops.convert_to_numpy(again(images)), keras.ops.convert_to_numpy(tiny(images))
     )
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "report.json.partial",
+        "labels.txt",
+        "backup/state.json.partial",
+        "backup/partial-epoch-000001.weights.h5",
+    ],
+)
+@pytest.mark.parametrize("link", ["symbolic", "hard", "dangling"])
+def test_a_run_never_writes_through_a_link_planted_under_a_name_it_writes(planted, link, tmp_path):
+    """A link planted in the output folder under a name the driver writes (its temporary files too)
+    leaves its target as it was: refused, or replaced by the run's own file, never written through."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    output = tmp_path / "run"
+    (output / "backup").mkdir(parents=True)
+    path = output / planted
+    if link == "hard":
+        os.link(precious, path)
+    else:
+        path.symlink_to(precious if link == "symbolic" else tmp_path / "nowhere.txt")
+    try:
+        training.train(RUN_TINY, output_dir=output, steps=2, steps_per_epoch=1, batch_size=32, verbose=0)
+    except (OSError, ValueError) as error:  # refused: naming the planted file
+        assert planted.split("/")[-1] in str(error)
+    assert precious.read_text() == "the user's"
+    assert not (tmp_path / "nowhere.txt").exists()
+    assert sorted(os.listdir(tmp_path)) == ["precious.txt", "run"]
+
+
+def test_the_run_files_are_never_written_through_a_link_planted_while_it_runs(tmp_path):
+    """`write_json` (report.json, the backup's state) refuses a link at its temporary name even when it
+    appeared after the run's start check, and leaves what it points to as it was."""
+    from keras_vit.training.runs.backup import write_json
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    (tmp_path / "state.json.partial").symlink_to(precious)
+    with pytest.raises(FileExistsError, match=r"state\.json\.partial is a symbolic link \(to .*precious"):
+        write_json(str(tmp_path / "state.json"), {"epoch": 1})
+    os.link(precious, tmp_path / "report.json.partial")
+    with pytest.raises(FileExistsError, match=r"report\.json\.partial is a hard link \(2 names"):
+        write_json(str(tmp_path / "report.json"), {"accuracy": 1.0})
+    assert precious.read_text() == "the user's"
+    assert not (tmp_path / "state.json").exists() and not (tmp_path / "report.json").exists()
+    write_json(str(tmp_path / "fresh.json"), {"epoch": 2})
+    assert json.loads((tmp_path / "fresh.json").read_text()) == {"epoch": 2}
+
+
+def test_a_transposed_square_kernel_is_caught_by_the_folders_checksum_by_either_path(tmp_path):
+    """A square kernel transposed in a save_pretrained folder's weights keeps every shape; the
+    folder's record (keras_vit.json) catches it whether the folder or its file is loaded. A file with
+    no record cannot be checked this way (the limit docs/reliability.md states)."""
+    from safetensors.numpy import load_file, save_file
+
+    from keras_vit.utils.files import ChecksumError
+
+    folder = tmp_path / "pretrained"
+    keras_vit.save_pretrained(keras_vit.create_model(TINY, num_classes=3), folder)
+    tensors = load_file(folder / "model.safetensors")
+    square = tensors["blocks.0.attn.proj.weight"]
+    assert square.shape[0] == square.shape[1]
+    tensors["blocks.0.attn.proj.weight"] = np.ascontiguousarray(square.T)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    for path in (folder, folder / "model.safetensors"):
+        with pytest.raises(ChecksumError, match="does not match the SHA-256 checksum keras_vit.json records"):
+            keras_vit.load_weights(keras_vit.create_model(TINY, num_classes=3), path)
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard", "dangling"])
+def test_replace_file_replaces_a_link_never_writes_through_it(link, tmp_path):
+    """`keras-vit convert` and the ONNX/LiteRT exports (`replace_file`): a link where the file goes is
+    replaced by a new file; what it pointed to stays as it was, and nothing is made elsewhere."""
+    precious = tmp_path / "precious.keras"
+    precious.write_text("the user's")
+    path = tmp_path / "out" / "model.keras"
+    path.parent.mkdir()
+    if link == "hard":
+        os.link(precious, path)
+    else:
+        path.symlink_to(precious if link == "symbolic" else tmp_path / "nowhere.keras")
+    replace_file(path, lambda staging: Path(staging).write_text("new"))
+    assert precious.read_text() == "the user's" and not (tmp_path / "nowhere.keras").exists()
+    assert not path.is_symlink() and path.read_text() == "new" and os.stat(path).st_nlink == 1
+    assert sorted(os.listdir(path.parent)) == ["model.keras"]

@@ -11,11 +11,15 @@ from) a collective. Then process 0 closes the port and JAX's coordination servic
 
 The connections stay open while the run lasts (`Partners`): when a process ends before saying it
 finished (killed, SIGTERM, an error), the others see its connection close and stop within
-seconds with one line, instead of waiting in a collective for JAX's heartbeat to abort them.
+seconds with one line naming it, instead of waiting in a collective for JAX's heartbeat to abort
+them (process 0 tells the others which process stopped). Under `keras-vit`'s supervisor
+(`keras_vit.utils.supervisor`) the supervisor watches them instead, out of reach of the native
+aborts of JAX and gloo.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,12 +27,18 @@ import sys
 import threading
 import time
 
+from keras_vit.utils import supervisor
+
 __all__ = ["Partners", "ProcessesDisagreeError", "agree"]
 
 _RETRY_SECONDS = 0.2
 # How long a process whose partner vanished lets its own error (often the same one) be reported first.
 _GRACE_SECONDS = 1.0
 _DONE = b"done\n"
+
+
+def _who(hello: dict) -> str:
+    return f"pid {hello['pid']} on {hello['host']}"
 
 
 class ProcessesDisagreeError(RuntimeError):
@@ -136,9 +146,10 @@ def _chief(host: str, port: int, count: int, own: dict, names: dict[str, str], w
                 verdict = f"The processes of this run were given different --num-processes: {listed}."
             else:
                 verdict = _differences(hellos, names)
+        who = {index: _who(hello) for index, hello in hellos.items()}
         for connection, _ in connections:
             try:
-                _send(connection, {"error": verdict})
+                _send(connection, {"error": verdict, "who": {str(k): v for k, v in who.items()}})
                 if verdict:
                     _receive(connection, time.monotonic() + 5)  # the process closes first: no TIME_WAIT here
             except OSError:
@@ -147,7 +158,7 @@ def _chief(host: str, port: int, count: int, own: dict, names: dict[str, str], w
                 connection.close()
     if verdict:
         raise ProcessesDisagreeError(verdict)
-    return Partners({index: connection for connection, index in connections})
+    return Partners({index: connection for connection, index in connections}, who, index=0)
 
 
 def _worker(host: str, port: int, hello: dict, wait: float) -> Partners:
@@ -180,53 +191,54 @@ def _worker(host: str, port: int, hello: dict, wait: float) -> Partners:
         )
     if answer.get("error"):
         raise ProcessesDisagreeError(str(answer["error"]))
-    return Partners({0: connection})
+    who = {int(k): v for k, v in answer.get("who", {}).items() if str(k).isdigit()}
+    return Partners({0: connection}, who, index=hello["process_id"])
 
 
 class Partners:
     """The open connections to the run's other processes (process 0: to every other; others: to 0).
 
     Each is watched by a thread: a partner that closes its connection without saying `finish`
-    ends this process (one line on stderr, exit status 1) after a short grace, so that no process
-    waits for a dead one. `finish()` says this process is done and stops watching.
+    (or that process 0 reports lost) ends this process (one line on stderr naming the process
+    that stopped, exit status 1) after a short grace, so that no process waits for a dead one;
+    process 0 first tells the others which one stopped. `finish()` says this process is done and
+    stops watching. In a child of `keras_vit.utils.supervisor` the supervisor takes the
+    connections and does all this itself.
     """
 
-    def __init__(self, connections: dict[int, socket.socket]):
-        self._connections = connections
+    def __init__(
+        self, connections: dict[int, socket.socket], who: dict[int, str] | None = None, index: int = 0
+    ):
         self._finished = threading.Event()
-        for index, connection in connections.items():
+        self._who, self._index = who or {}, index
+        if supervisor.handing_over():
+            supervisor.hand_over(connections, self._who)
+            connections = {}
+        self._connections = connections
+        for partner, connection in connections.items():
             connection.settimeout(None)
-            threading.Thread(target=self._watch, args=(index, connection), daemon=True).start()
+            threading.Thread(target=self._watch, args=(partner, connection), daemon=True).start()
 
-    def _watch(self, index: int, connection: socket.socket) -> None:
-        said = b""
-        while len(said) < len(_DONE):
-            try:
-                chunk = connection.recv(len(_DONE) - len(said))
-            except OSError:
-                break
-            if not chunk:
-                break
-            said += chunk
-        if said == _DONE or self._finished.is_set():
+    def _watch(self, partner: int, connection: socket.socket) -> None:
+        lost = supervisor.partner_news(connection, partner)
+        if lost is None or self._finished.is_set():
             return
+        for other, connection in self._connections.items():  # process 0 tells the others who stopped
+            if other not in (partner, lost):
+                with contextlib.suppress(OSError):
+                    connection.sendall(f"lost {lost}\n".encode())
         time.sleep(_GRACE_SECONDS)
         if self._finished.is_set():
             return
         prefix = "keras-vit" if "keras_vit.cli" in sys.modules else "keras_vit"
-        print(
-            f"{prefix}: error: process {index} of this multi-process run stopped before the run ended (its "
-            "connection closed: killed, interrupted or failed; see its output), so this one stops too. The "
-            "last complete backup is kept: start every process again with the same arguments to resume.",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(supervisor.stopped_line(prefix, lost, self._who, self._index), file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)
 
     def finish(self) -> None:
         """This process's run ended well: tell the partners, stop watching them."""
         self._finished.set()
+        supervisor.finished()
         for connection in self._connections.values():
             try:
                 connection.sendall(_DONE)
@@ -247,7 +259,7 @@ def agree(
         "process_id": index,
         "num_processes": count,
         "host": socket.gethostname(),
-        "pid": os.getpid(),
+        "pid": supervisor.supervisor_pid(),  # the process the user started
         "run": json.loads(json.dumps(run, default=lambda value: f"<{type(value).__name__}>")),
     }
     if index == 0:

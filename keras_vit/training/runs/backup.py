@@ -15,7 +15,7 @@ import warnings
 import keras
 import numpy as np
 
-from keras_vit.utils.files import file_sha256, json_sha256
+from keras_vit.utils.files import file_sha256, json_sha256, open_for_writing, refuse_link
 
 __all__ = [
     "BackupMismatchError",
@@ -175,6 +175,7 @@ class EpochBackup(keras.callbacks.Callback):
         os.makedirs(self.backup_dir, exist_ok=True)
         name = f"epoch-{epoch + 1:06d}.weights.h5"
         temporary = os.path.join(self.backup_dir, f"partial-{name}")
+        refuse_link(temporary)  # h5py would write through it
         self.model.save_weights(temporary, overwrite=True)
         fsync(temporary)
         os.replace(temporary, os.path.join(self.backup_dir, name))
@@ -211,7 +212,7 @@ def fsync(path: str) -> None:
 def write_json(path: str, content: dict) -> None:
     """Write `content` to `path` atomically (temporary file, fsync, rename)."""
     temporary = f"{path}.partial"
-    with open(temporary, "w", encoding="utf-8") as file:
+    with open_for_writing(temporary, encoding="utf-8") as file:
         json.dump(content, file, indent=2)
         file.flush()
         os.fsync(file.fileno())
@@ -241,6 +242,16 @@ def check_backup_folder(output_dir: str, backup_dir: str) -> None:
                 "output folder."
             )
         folder = os.path.dirname(folder)
+
+
+def refuse_links(backup_dir: str) -> None:
+    """`FileExistsError` when a file under a name `EpochBackup` writes in `backup_dir` is a link
+    (`keras_vit.utils.files.refuse_link`): the backup is never written through one."""
+    if not os.path.isdir(backup_dir) or os.path.islink(backup_dir):
+        return
+    for entry in sorted(os.listdir(backup_dir)):
+        if _OWN_NAMES.fullmatch(entry):
+            refuse_link(os.path.join(backup_dir, entry))
 
 
 def remove_backup(backup_dir: str) -> None:

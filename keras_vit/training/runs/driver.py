@@ -39,6 +39,7 @@ from keras_vit.training.runs.backup import (
     BackupMismatchError,
     EpochBackup,
     check_backup_folder,
+    refuse_links,
     remove_backup,
     write_json,
 )
@@ -46,7 +47,7 @@ from keras_vit.training.runs.plan import execution_steps, plan_steps
 from keras_vit.training.runs.report import now, resolve_paths, run_report
 from keras_vit.utils import environment
 from keras_vit.utils.defaults import LABELS_FILE
-from keras_vit.utils.files import RunLock, refuse_overlap, replace_file
+from keras_vit.utils.files import RunLock, refuse_link, refuse_overlap, replace_file
 
 __all__ = [
     "NonFiniteLossError",
@@ -193,8 +194,13 @@ def open_run_folder(
     An unfinished run's backup made with the same `run` arguments: resume it. One made with
     other arguments: refused, or with `overwrite` discarded. No backup but a finished run's
     files (`saved_file`, report.json, labels.txt): refused, or with `overwrite` those files and
-    its TensorBoard logs are removed first. The folder's other files are never touched.
+    its TensorBoard logs are removed first. The folder's other files are never touched, and a link
+    under a name the run writes is refused before anything is written (`refuse_link`).
     """
+    if chief:
+        for name in (saved_file, REPORT_FILE, f"{REPORT_FILE}.partial", LABELS_FILE):
+            refuse_link(os.path.join(output_dir, name))
+    refuse_links(backup_dir)
     try:
         backup = EpochBackup(backup_dir, run)
     except BackupMismatchError:
@@ -408,7 +414,7 @@ def _fit(
         with keras_distribution.saved_alone():
             replace_file(os.path.join(output_dir, task.saved_file), saved.save)
         if class_names:
-            write_labels(os.path.join(output_dir, LABELS_FILE), class_names)
+            replace_file(os.path.join(output_dir, LABELS_FILE), lambda path: write_labels(path, class_names))
     report.update(finished_at=now(), wall_seconds=round(time.perf_counter() - run_started, 3))
     if chief:
         write_json(os.path.join(output_dir, REPORT_FILE), report)
