@@ -18,6 +18,9 @@ read in passes, pass `p` a permutation drawn from `(seed, p)`, each example's cr
 drawn from `(seed, p, position in pass)` and each batch's mixup weight from `(seed, global
 batch index)`. Batch `i` of epoch `e` is global batch `e * steps + i` of that stream: a pure
 function of `(seed, e, i)`, whatever ran before, which makes exact resume hold.
+With `pixels="uint8"` (what the training driver reads) the batches stop before normalising: uint8
+pixels and, with mixup, the batch's weight on every row, which the training step applies on the
+device (`keras_vit.training.device_input`).
 
 This module imports neither TensorFlow nor tf.data.
 """

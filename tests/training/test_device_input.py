@@ -121,6 +121,7 @@ def test_training_driver_fits_uint8_batches_and_saves_the_float_model(tmp_path, 
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_device_mixup_step_equals_the_host_mixup_step(backend):
     """One mixup batch: `DeviceInput` on the uint8 batch and its weights against the ViT on the host's
