@@ -236,13 +236,17 @@ class ClassificationTask:
     ) -> None:
         options = self.options
         self.schedule, optimizer = self.recipe.run_optimizer(total_steps, options, options.ema_momentum)
-        network.compile(
-            optimizer=optimizer,
-            loss=optimization.loss(options.label_smoothing),
-            metrics=[optimization.LabelAccuracy()],
-            jit_compile=jit_compile,
-            steps_per_execution=steps_per_execution,
-        )
+        # The `DeviceInput` that `fit` trains and the ViT in it, which is evaluated and returned compiled
+        # as before: one optimizer (their variables are the same), a loss and metric each.
+        models = [network] if unwrapped(network) is network else [network, unwrapped(network)]
+        for model in models:
+            model.compile(
+                optimizer=optimizer,
+                loss=optimization.loss(options.label_smoothing),
+                metrics=[optimization.LabelAccuracy()],
+                jit_compile=jit_compile,
+                steps_per_execution=steps_per_execution,
+            )
 
     def _preprocessing(self, network: keras.Model) -> tuple[tuple[int, int], tuple, tuple, str]:
         """The network's size, mean, std and interpolation: the catalog's answer (`preprocessing_for`)."""
@@ -275,9 +279,9 @@ class ClassificationTask:
         eval_spec = inputs.Preprocessing(image_size, mean, std, None, interpolation, resampler="tensorflow")
         if keras.backend.backend() == "tensorflow":
             test_data = inputs.eval_pipeline(self.test_source, eval_spec, batch_size=self.options.batch_size)
-            test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
+            test_loss, test_accuracy = unwrapped(network).evaluate(test_data, verbose=0)
         else:
-            test_loss, test_accuracy = self._held_out_metrics(network, eval_spec)
+            test_loss, test_accuracy = self._held_out_metrics(unwrapped(network), eval_spec)
         return {
             "accuracy": float(test_accuracy),
             "loss": float(test_loss),
