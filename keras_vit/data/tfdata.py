@@ -405,6 +405,15 @@ def decode_crop(contents: tf.Tensor, box: Callable[[tf.Tensor], tuple[tf.Tensor,
     return tf.ensure_shape(tf.cond(tf.io.is_jpeg(contents), jpeg, other), (None, None, 3))
 
 
+def _mixup_weight(alpha: float, key: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """Batch `index`'s mixup weight, `Beta(alpha, alpha)` drawn from `(key, index)` as two gammas."""
+    first, second = (
+        tf.random.stateless_gamma([], seed=seed, alpha=alpha)
+        for seed in tf.unstack(tf.random.experimental.stateless_split(_fold(key, index), 2))
+    )
+    return tf.math.divide_no_nan(first, first + second)
+
+
 def _mixup_weights(alpha: float, key: tf.Tensor) -> Callable:
     """`(batch index, (images, labels))` -> `({"images", "mixup_weight": (B,)}, labels)`: mixup's
     weight of the batch for each row, mixed on the device (`keras_vit.training.device_input`)."""
@@ -412,11 +421,7 @@ def _mixup_weights(alpha: float, key: tf.Tensor) -> Callable:
 
     def weights(index, batch):
         images, labels = batch
-        first, second = (
-            tf.random.stateless_gamma([], seed=seed, alpha=alpha)
-            for seed in tf.unstack(tf.random.experimental.stateless_split(_fold(key, index), 2))
-        )
-        weight = tf.math.divide_no_nan(first, first + second)  # Beta(alpha, alpha), as `_mixup`
+        weight = _mixup_weight(alpha, key, index)
         return {IMAGES: images, MIXUP_WEIGHT: tf.fill(tf.shape(labels), weight)}, labels
 
     return weights
@@ -428,11 +433,7 @@ def _mixup(alpha: float, num_classes: int, key: tf.Tensor) -> Callable:
 
     def mix(index, batch):
         images, labels = batch
-        first, second = (
-            tf.random.stateless_gamma([], seed=seed, alpha=alpha)
-            for seed in tf.unstack(tf.random.experimental.stateless_split(_fold(key, index), 2))
-        )
-        weight = tf.math.divide_no_nan(first, first + second)  # Beta(alpha, alpha)
+        weight = _mixup_weight(alpha, key, index)
 
         def blend(tensor):
             return weight * tensor + (1.0 - weight) * tf.reverse(tensor, [0])
