@@ -17,6 +17,7 @@ smooth random pictures (JPEG sizes like photos'), seed 0.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -25,6 +26,10 @@ import sys
 import time
 
 BATCH, SIZE, CLASSES = 64, 224, 10
+# keras_vit's batches: `--pixels uint8` (default) as the training driver reads them (uint8, normalised
+# and mixed on the device), `float32` as `train_pipeline`'s default (normalised and mixed on the host).
+PIXELS = os.environ.get("KERAS_VIT_BENCH_PIXELS", "uint8")
+MIXUP = float(os.environ.get("KERAS_VIT_BENCH_MIXUP", "0"))
 
 
 def make_folder(root: str, files: int) -> None:
@@ -52,8 +57,16 @@ def _keras_vit_pyinput(root: str, workers: int):
 
     yield  # imported: the start-up clock starts here
     source = pyinput.from_directory(root)
+    pixels = {"pixels": PIXELS} if "pixels" in inspect.signature(pyinput.train_pipeline).parameters else {}
     batches = pyinput.train_pipeline(
-        source, image_size=SIZE, batch_size=BATCH, seed=0, steps_per_epoch=10_000, workers=workers
+        source,
+        image_size=SIZE,
+        batch_size=BATCH,
+        seed=0,
+        steps_per_epoch=10_000,
+        workers=workers,
+        mixup_alpha=MIXUP,
+        **pixels,
     )
     yield from PyDatasetAdapter(batches, shuffle=False).get_numpy_iterator()
 
@@ -65,7 +78,10 @@ def _keras_vit_tfdata(root: str, workers: int):
 
     yield  # imported: the start-up clock starts here
     source = tfdata.from_directory(root)
-    batches = tfdata.train_pipeline(source, image_size=SIZE, batch_size=BATCH, seed=0, steps_per_epoch=10_000)
+    pixels = {"pixels": PIXELS} if "pixels" in inspect.signature(tfdata.train_pipeline).parameters else {}
+    batches = tfdata.train_pipeline(
+        source, image_size=SIZE, batch_size=BATCH, seed=0, steps_per_epoch=10_000, mixup_alpha=MIXUP, **pixels
+    )
     options = tf.data.Options()
     options.threading.private_threadpool_size = workers
     yield from batches.with_options(options).as_numpy_iterator()
@@ -108,6 +124,7 @@ def measure(reader: str, root: str, workers: int, batches: int) -> dict:
         "startup_s_per_1000_files": round(startup * 1000 / files, 3),
         "files": files,
         "batches_timed": batches,
+        "pixels": PIXELS if reader != "timm" else "float32",
     }
 
 
@@ -118,6 +135,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--readers", nargs="+", default=list(READERS), choices=list(READERS))
+    parser.add_argument("--pixels", choices=["uint8", "float32"], default=PIXELS)
+    parser.add_argument("--mixup", type=float, default=MIXUP, help="keras_vit's mixup alpha (timm: none)")
     parser.add_argument("--out")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one reader here and print its JSON
     args = parser.parse_args()
@@ -130,7 +149,12 @@ def main() -> None:
         for reader in args.readers:
             command = [sys.executable, __file__, "--one", reader, "--folder", args.folder]
             command += ["--workers", str(workers), "--batches", str(args.batches)]
-            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            env = {
+                **os.environ,
+                "KERAS_VIT_BENCH_PIXELS": args.pixels,
+                "KERAS_VIT_BENCH_MIXUP": str(args.mixup),
+            }
+            output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
             results.append(json.loads(output.strip().splitlines()[-1]))
             print(json.dumps(results[-1]), flush=True)
     for row in results:
@@ -152,6 +176,8 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "command": " ".join(sys.argv),
+        "pixels": args.pixels,
+        "mixup": args.mixup,
     }
     if args.out:
         with open(args.out, "w", encoding="utf-8") as file:

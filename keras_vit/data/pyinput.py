@@ -18,6 +18,9 @@ read in passes, pass `p` a permutation drawn from `(seed, p)`, each example's cr
 drawn from `(seed, p, position in pass)` and each batch's mixup weight from `(seed, global
 batch index)`. Batch `i` of epoch `e` is global batch `e * steps + i` of that stream: a pure
 function of `(seed, e, i)`, whatever ran before, which makes exact resume hold.
+With `pixels="uint8"` (what the training driver reads) the batches stop before normalising: uint8
+pixels and, with mixup, the batch's weight on every row, which the training step applies on the
+device (`keras_vit.training.device_input`).
 
 This module imports neither TensorFlow nor tf.data.
 """
@@ -44,8 +47,11 @@ from keras_vit.utils.validation import check_pixel_count, one_of, optional, posi
 from keras_vit.utils.validation import image_size as size_pair
 
 __all__ = [
+    "IMAGES",
     "IMAGE_EXTENSIONS",
     "INTERPOLATIONS",
+    "MIXUP_WEIGHT",
+    "PIXELS",
     "BadImageError",
     "BadImages",
     "BatchedImages",
@@ -69,6 +75,11 @@ __all__ = [
 ]
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+# `train_pipeline(pixels=...)`: normalised (and mixed) float32 images made here, or uint8 pixels that
+# the training step normalises and mixes on the device (`keras_vit.training.device_input`).
+PIXELS = ("float32", "uint8")
+# The input names of a uint8 batch with mixup: `({IMAGES: uint8, MIXUP_WEIGHT: float32 (B,)}, labels)`.
+IMAGES, MIXUP_WEIGHT = "images", "mixup_weight"
 # Independent random streams derived from the user's seed (as keras_vit.data.tfdata's).
 _SHUFFLE_STREAM, _AUGMENT_STREAM, _MIXUP_STREAM = 0, 1, 2
 
@@ -586,8 +597,12 @@ def _usable_cpus() -> int:
 
 
 class TrainBatches(keras.utils.PyDataset):
-    """Endless training batches `(float32 (B, H, W, 3), labels)`: `train_pipeline`'s result.
+    """Endless training batches: `train_pipeline`'s result.
 
+    `pixels="float32"`: `(float32 (B, H, W, 3) normalised, labels)`, mixed here with mixup
+    (labels then float32 `(B, classes)`). `pixels="uint8"`: `(uint8 (B, H, W, 3), int32 labels)`,
+    with mixup `({"images": uint8, "mixup_weight": float32 (B,)}, int32 labels)`: the host never
+    makes a float image; the step normalises and mixes (`keras_vit.training.device_input`).
     `batch(epoch, index)` is batch `index` of epoch `epoch`, a pure function of `(seed, epoch,
     index)`; `self[i]` is batch `i` counted from `start_epoch` (what `model.fit` reads in turn).
     Each is the `rows` of the global batch (`slice(0, batch_size)`: all; by default this
@@ -613,8 +628,10 @@ class TrainBatches(keras.utils.PyDataset):
         mixup_alpha: float,
         workers: int | None = None,
         rows: slice | None = None,
+        pixels: str = PIXELS[0],
     ):
         workers = _usable_cpus() if workers is None else positive_int("workers", workers)
+        self.pixels = one_of("pixels", pixels, PIXELS)
         super().__init__(workers=workers, use_multiprocessing=False)
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.mean, self.std, self.seed = mean, std, int(seed)
@@ -664,10 +681,23 @@ class TrainBatches(keras.utils.PyDataset):
             pixels = pixels[:, ::-1]
         return pixels, label
 
-    def batch(self, epoch: int, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def mixup_weight(self, global_index: int) -> np.float32:
+        """Mixup's `Beta(alpha, alpha)` weight of global batch `global_index` (drawn from `(seed, index)`)."""
+        rng = np.random.default_rng([self.seed, _MIXUP_STREAM, global_index])
+        return np.float32(rng.beta(self.mixup_alpha, self.mixup_alpha))
+
+    def batch(self, epoch: int, index: int) -> tuple:
         """`rows` of batch `index` of epoch `epoch`: global batch `epoch * steps + index` of the stream."""
         global_index = epoch * self.steps + index
         first = global_index * self.batch_size
+        if self.pixels == "uint8":  # only this process's rows: their partners are mixed on the device
+            examples = [self.example(first + row) for row in self.rows]
+            images = np.stack([image for image, _ in examples])
+            labels = np.asarray([label for _, label in examples], dtype="int32")
+            if not self.mixup_alpha:
+                return images, labels
+            weights = np.full(len(self.rows), self.mixup_weight(global_index), dtype="float32")
+            return {IMAGES: images, MIXUP_WEIGHT: weights}, labels
         partners = [self.batch_size - 1 - row for row in self.rows]  # mixup blends row r with row B - 1 - r
         needed = sorted({*self.rows, *partners}) if self.mixup_alpha else self.rows
         examples = [self.example(first + row) for row in needed]
@@ -675,8 +705,7 @@ class TrainBatches(keras.utils.PyDataset):
         labels = np.asarray([label for _, label in examples], dtype="int32")
         if not self.mixup_alpha:
             return images, labels
-        rng = np.random.default_rng([self.seed, _MIXUP_STREAM, global_index])
-        weight = np.float32(rng.beta(self.mixup_alpha, self.mixup_alpha))
+        weight = self.mixup_weight(global_index)
         one_hot = np.eye(self.source.num_classes, dtype="float32")[labels]
         position = {row: place for place, row in enumerate(needed)}
         own, other = ([position[row] for row in part] for part in (self.rows, partners))
@@ -685,7 +714,7 @@ class TrainBatches(keras.utils.PyDataset):
             weight * one_hot[own] + (1.0 - weight) * one_hot[other],
         )
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def __getitem__(self, index: int) -> tuple:
         epoch, within = divmod(int(index), self.steps)
         return self.batch(self.start_epoch + epoch, within)
 
@@ -703,7 +732,8 @@ class ImageBatches(keras.utils.PyDataset):
         return self.batches.num_batches
 
     def __getitem__(self, index: int) -> tuple[np.ndarray]:
-        return (self.batches[index][0],)
+        images = self.batches[index][0]
+        return (images[IMAGES] if isinstance(images, dict) else images,)
 
 
 def images_only(batches: TrainBatches) -> ImageBatches:
@@ -743,6 +773,7 @@ def train_pipeline(
     mixup_alpha: float = 0.0,
     workers: int | None = None,
     rows: slice | None = None,
+    pixels: str = PIXELS[0],
 ) -> TrainBatches:
     """Endless training batches as a `keras.utils.PyDataset`, resumable at any epoch.
 
@@ -751,6 +782,9 @@ def train_pipeline(
     the CPUs this process may use; Pillow releases the GIL while it decodes and resizes).
         `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
         of them, but in a multi-process JAX run this process's (`process_rows`).
+        `pixels="uint8"`: uint8 batches (and mixup's weight per row) for a model that normalises
+        and mixes on the device (`keras_vit.training.device_input.DeviceInput`, what the training
+        driver fits); `"float32"` (default): normalised, mixed float32 batches (`TrainBatches`).
     """
     crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     if mixup_alpha:
@@ -772,6 +806,7 @@ def train_pipeline(
         mixup_alpha=mixup_alpha,
         workers=workers,
         rows=rows,
+        pixels=pixels,
     )
 
 

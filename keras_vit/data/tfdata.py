@@ -34,6 +34,9 @@ import numpy as np
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD, UNSET, Preprocessing, as_spec
 from keras_vit.data.pyinput import (
+    IMAGES,
+    MIXUP_WEIGHT,
+    PIXELS,
     BadImageError,
     BadImages,
     SourceInfo,
@@ -49,7 +52,7 @@ from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.utils.environment import import_tensorflow
 from keras_vit.utils.validation import image_size as size_pair
-from keras_vit.utils.validation import positive_number
+from keras_vit.utils.validation import one_of, positive_number
 
 tf = import_tensorflow("keras_vit.data.tfdata (the tf.data input)")
 
@@ -59,6 +62,7 @@ __all__ = [
     "DataNotPreparedError",
     "Preprocessing",
     "Source",
+    "decode_crop",
     "distribute",
     "epoch_steps",
     "eval_pipeline",
@@ -101,6 +105,8 @@ class Source(SourceInfo):
     class_names: tuple[str, ...] | None
     shard_policy: ShardPolicy
     lookup: Callable | None = None
+    # a folder's `index -> (encoded file, label)`: the training stream decodes only a JPEG's crop window
+    read_file: Callable | None = None
     records: Callable[[], tf.data.Dataset] | None = None
     decode: Callable | None = None
     class_counts: tuple[int, ...] | None = None  # examples per class, where known
@@ -211,6 +217,9 @@ def from_directory(
     def lookup(index):
         return _decode_file(tf.gather(path_table, index)), tf.gather(label_table, index)
 
+    def read_file(index):
+        return tf.io.read_file(tf.gather(path_table, index)), tf.gather(label_table, index)
+
     # The files are read by path inside a map, not by a file-reader dataset that FILE
     # sharding could split: shard by DATA.
     counts = tuple(labels.count(label) for label in range(len(class_names)))
@@ -220,6 +229,7 @@ def from_directory(
         tuple(class_names),
         ShardPolicy.DATA,
         lookup=lookup,
+        read_file=read_file,
         class_counts=counts,
         files=tuple(paths),
         bad_images=BadImages(root, on_bad_image),
@@ -349,17 +359,81 @@ def _pass_records(source: Source, shuffle_key: tf.Tensor, shuffle_buffer: int) -
     return windows.map(shuffle_window).unbatch()
 
 
+def _crop_box(shape: tf.Tensor, key: tf.Tensor, crop_scale, crop_ratio) -> tuple[tf.Tensor, tf.Tensor]:
+    """An inception crop `(begin, size)` (3 entries each) of an image of `shape` `(H, W, ...)`, from `key`."""
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.stack([shape[0], shape[1], 3]),
+        bounding_boxes=tf.zeros([1, 0, 4]),
+        seed=key,
+        min_object_covered=0.0,
+        aspect_ratio_range=crop_ratio,
+        area_range=crop_scale,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    return begin, size
+
+
+_JPEG_MARGIN = 16  # pixels decoded around a JPEG crop window: a 4:2:0 file's block (MCU) side
+
+
+def decode_crop(contents: tf.Tensor, box: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]]) -> tf.Tensor:
+    """The `box(shape) -> (begin, size)` crop of an encoded image, uint8 RGB, as Pillow decodes it.
+
+    Decode less: a JPEG's size is read from its header (`tf.io.extract_jpeg_shape`) and only the
+    crop window decoded (`tf.io.decode_and_crop_jpeg`, libjpeg-turbo's accurate integer IDCT as
+    `decode_image`), equal to decoding the whole file and cropping (`tests/data/test_tfdata.py`
+    measures it); other formats are decoded whole, then cropped.
+    """
+
+    def jpeg():
+        shape = tf.io.extract_jpeg_shape(contents)
+        begin, size = box(shape)
+        # libjpeg upsamples the chroma at a window's edge as at the image's: decode a margin around
+        # the window (one 16-pixel block, within the image) and cut the window from it.
+        start = tf.maximum(begin[:2] - _JPEG_MARGIN, 0)
+        stop = tf.minimum(begin[:2] + size[:2] + _JPEG_MARGIN, shape[:2])
+        window = tf.concat([start, stop - start], axis=0)
+        padded = tf.io.decode_and_crop_jpeg(contents, window, channels=3, dct_method="INTEGER_ACCURATE")
+        return tf.slice(padded, tf.concat([begin[:2] - start, [0]], axis=0), size)
+
+    def other():
+        image = decode_image(contents, channels=3)
+        begin, size = box(tf.shape(image))
+        return tf.slice(image, begin, size)
+
+    return tf.ensure_shape(tf.cond(tf.io.is_jpeg(contents), jpeg, other), (None, None, 3))
+
+
+def _mixup_weight(alpha: float, key: tf.Tensor, index: tf.Tensor) -> tf.Tensor:
+    """Batch `index`'s mixup weight, `Beta(alpha, alpha)` drawn from `(key, index)` as two gammas."""
+    first, second = (
+        tf.random.stateless_gamma([], seed=seed, alpha=alpha)
+        for seed in tf.unstack(tf.random.experimental.stateless_split(_fold(key, index), 2))
+    )
+    return tf.math.divide_no_nan(first, first + second)
+
+
+def _mixup_weights(alpha: float, key: tf.Tensor) -> Callable:
+    """`(batch index, (images, labels))` -> `({"images", "mixup_weight": (B,)}, labels)`: mixup's
+    weight of the batch for each row, mixed on the device (`keras_vit.training.device_input`)."""
+    alpha = positive_number("mixup_alpha", alpha)
+
+    def weights(index, batch):
+        images, labels = batch
+        weight = _mixup_weight(alpha, key, index)
+        return {IMAGES: images, MIXUP_WEIGHT: tf.fill(tf.shape(labels), weight)}, labels
+
+    return weights
+
+
 def _mixup(alpha: float, num_classes: int, key: tf.Tensor) -> Callable:
     """`(batch index, (images, labels))` -> the batch mixed with itself reversed, labels one-hot mixed."""
     alpha = positive_number("mixup_alpha", alpha)
 
     def mix(index, batch):
         images, labels = batch
-        first, second = (
-            tf.random.stateless_gamma([], seed=seed, alpha=alpha)
-            for seed in tf.unstack(tf.random.experimental.stateless_split(_fold(key, index), 2))
-        )
-        weight = tf.math.divide_no_nan(first, first + second)  # Beta(alpha, alpha)
+        weight = _mixup_weight(alpha, key, index)
 
         def blend(tensor):
             return weight * tensor + (1.0 - weight) * tf.reverse(tensor, [0])
@@ -386,6 +460,7 @@ def train_pipeline(
     flip: bool | None = None,
     interpolation: str = DEFAULT_INTERPOLATION,
     mixup_alpha: float = 0.0,
+    pixels: str = PIXELS[0],
 ) -> tf.data.Dataset:
     """Endless training batches `(float32 (B, H, W, 3), int32 (B,))`, resumable at any epoch.
 
@@ -405,8 +480,15 @@ def train_pipeline(
     exactly each pass; tensorflow-datasets sources within windows of `shuffle_buffer` records
     (tfds already stores examples in a shuffled order). No `cache()`: passes read the source
     in a new order each time, and array sources are in memory already.
+
+    `pixels="uint8"`: the resized pixels rounded to uint8 and left unnormalised, `(uint8 (B, H, W,
+    3), int32 (B,))`, with mixup `({"images": uint8, "mixup_weight": float32 (B,)}, int32 (B,))` (the
+    same weights): for a model that normalises and mixes on the device
+    (`keras_vit.training.device_input.DeviceInput`, what the training driver fits). A folder's JPEGs
+    are decoded only in their crop window (`decode_crop`).
     """
     _check_interpolation(interpolation)
+    pixels = one_of("pixels", pixels, PIXELS)
     crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     height, width = size_pair("image_size", image_size)
     steps = epoch_steps(source, batch_size, steps_per_epoch)
@@ -423,33 +505,38 @@ def train_pipeline(
         return (*augmented(pass_index, position, record), stream_position)
 
     def augmented(pass_index, position, record):
-        image, label = source.lookup(record) if source.lookup is not None else source.decode(*record)
         crop_key, flip_key = tf.unstack(
             tf.random.experimental.stateless_split(_fold(base_key, _AUGMENT_STREAM, pass_index, position), 2)
         )
-        if augment:
-            begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-                tf.shape(image),
-                bounding_boxes=tf.zeros([1, 0, 4]),
-                seed=crop_key,
-                min_object_covered=0.0,
-                aspect_ratio_range=crop_ratio,
-                area_range=crop_scale,
-                max_attempts=10,
-                use_image_if_no_bounding_boxes=True,
-            )
-            image = tf.slice(image, begin, size)
+
+        def box(shape):
+            return _crop_box(shape, crop_key, crop_scale, crop_ratio)
+
+        if augment and source.read_file is not None:  # a folder: decode the crop window only
+            contents, label = source.read_file(record)
+            image = decode_crop(contents, box)
+        else:
+            image, label = source.lookup(record) if source.lookup is not None else source.decode(*record)
+            if augment:
+                image = tf.slice(image, *box(tf.shape(image)))
         image = tf.image.resize(image, (height, width), method=interpolation, antialias=True)
         if augment and flip:
             image = tf.image.stateless_random_flip_left_right(image, flip_key)
-        return normalise(tf.clip_by_value(image, 0.0, 255.0)), label
+        image = tf.ensure_shape(tf.clip_by_value(image, 0.0, 255.0), (height, width, 3))
+        if pixels == "uint8":
+            return tf.cast(tf.round(image), tf.uint8), label
+        return normalise(image), label
 
     stream = tf.data.Dataset.counter(first_pass).flat_map(one_pass).skip(offset)
     stream = stream.map(example, num_parallel_calls=AUTOTUNE, deterministic=True)
     stream = skipping(stream, first_pass * source.num_examples + offset, source.bad_images)
     stream = stream.batch(batch_size, drop_remainder=True)
     if mixup_alpha:
-        mix = _mixup(mixup_alpha, source.num_classes, _fold(base_key, _MIXUP_STREAM))
+        mix_key = _fold(base_key, _MIXUP_STREAM)
+        if pixels == "uint8":
+            mix = _mixup_weights(mixup_alpha, mix_key)
+        else:
+            mix = _mixup(mixup_alpha, source.num_classes, mix_key)
         stream = stream.enumerate(start=int(start_epoch) * steps).map(mix, num_parallel_calls=AUTOTUNE)
     stream = stream.prefetch(AUTOTUNE)
     # Every worker computes the same global stream and keeps its share: DATA sharding.
@@ -458,7 +545,7 @@ def train_pipeline(
 
 def images_only(batches: tf.data.Dataset) -> tf.data.Dataset:
     """`train_pipeline`'s batches without their labels (unlabeled pre-training)."""
-    return batches.map(lambda images, labels: images)
+    return batches.map(lambda images, labels: images[IMAGES] if isinstance(images, dict) else images)
 
 
 def eval_pipeline(

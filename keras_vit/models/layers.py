@@ -16,6 +16,7 @@ from keras_vit.registry.catalog import normalize
 
 __all__ = [
     "PixelNormalization",
+    "normalize_pixels",
     "PatchEncoder",
     "ClassToken",
     "PositionEmbedding",
@@ -32,6 +33,16 @@ LAYER_NORM_EPSILON = 1e-6
 
 def _pair(value: int | tuple[int, int]) -> tuple[int, int]:
     return (value, value) if isinstance(value, int) else tuple(value)
+
+
+def normalize_pixels(images, mean, std):
+    """uint8 pixels `(..., C)` -> float32 `(x / 255 - mean) / std` with `keras.ops`: a lookup in a
+    `(256, C)` table computed by `keras_vit.registry.catalog.normalize`, so equal to the host's
+    normalisation bit for bit (`PixelNormalization`'s computation, for models that normalise in a step)."""
+    channels = images.shape[-1]
+    levels = np.repeat(np.arange(256, dtype="uint8")[:, None], channels, axis=1)
+    table = ops.convert_to_tensor(normalize(levels, mean, std).reshape(-1))
+    return ops.take(table, ops.cast(images, "int32") * channels + ops.arange(channels, dtype="int32"))
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
@@ -52,10 +63,7 @@ class PixelNormalization(keras.layers.Layer):
         self.std = tuple(float(value) for value in std)
 
     def call(self, images):
-        channels = images.shape[-1]
-        levels = np.repeat(np.arange(256, dtype="uint8")[:, None], channels, axis=1)
-        table = ops.convert_to_tensor(normalize(levels, self.mean, self.std).reshape(-1))
-        return ops.take(table, ops.cast(images, "int32") * channels + ops.arange(channels, dtype="int32"))
+        return normalize_pixels(images, self.mean, self.std)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -47,6 +47,7 @@ from keras_vit.models.build import build_vit, create_model
 from keras_vit.registry.catalog import preprocessing_for
 from keras_vit.registry.variants import VARIANTS, ViTConfig, model_config
 from keras_vit.training import optimization, runs
+from keras_vit.training.device_input import DeviceInput, unwrapped
 from keras_vit.training.options import ClassifierOptions, takes_options
 from keras_vit.training.recipes import FINE_TUNING, FROM_SCRATCH, Recipe, get_recipe
 from keras_vit.utils import defaults
@@ -154,7 +155,7 @@ def train(
     arguments = runs.run_arguments(options, model=model, dataset=dataset, recipe=recipe.name)
     task = ClassificationTask(model_config(model), dataset, recipe, options)
     result = runs.fit_checked(task, arguments, options, callbacks)
-    return TrainingResult(result.model, result.report)
+    return TrainingResult(task.saved_model(result.model), result.report)
 
 
 @dataclass
@@ -162,8 +163,10 @@ class ClassificationTask:
     """Supervised classification (`runs.Task`): a ViT classifier, a recipe, held-out accuracy.
 
     `prepare` reads the data, `build` makes the model (a variant, a checkpoint with a new
-    head, or a keras_vit backbone via `ViT.with_head`); the options left `None` take the
-    recipe's values, the augmentation the data's own.
+    head, or a keras_vit backbone via `ViT.with_head`) and wraps it in a `DeviceInput`, which the
+    driver fits: the input ships uint8 batches (`train_pipeline(pixels="uint8")`) that the step
+    normalises and mixes on the device; the ViT inside is what is evaluated, saved and returned.
+    The options left `None` take the recipe's values, the augmentation the data's own.
     """
 
     config: ViTConfig
@@ -217,7 +220,7 @@ class ClassificationTask:
         pretrained, image_size = self.options.pretrained, self.options.image_size
         if image_size is None and not pretrained:
             image_size = self.config.image_size
-        return _build_model(
+        network = _build_model(
             self.config,
             pretrained,
             image_size,
@@ -225,27 +228,34 @@ class ClassificationTask:
             self.options.dropout,
             self.used_drop_path_rate,
         )
+        _, mean, std, _ = self._preprocessing(network)
+        return DeviceInput(network, mean, std, self.train_source.num_classes)
 
     def compile(
         self, network: keras.Model, total_steps: int, jit_compile: bool, steps_per_execution: int
     ) -> None:
         options = self.options
         self.schedule, optimizer = self.recipe.run_optimizer(total_steps, options, options.ema_momentum)
-        network.compile(
-            optimizer=optimizer,
-            loss=optimization.loss(options.label_smoothing),
-            metrics=[optimization.LabelAccuracy()],
-            jit_compile=jit_compile,
-            steps_per_execution=steps_per_execution,
-        )
+        # The `DeviceInput` that `fit` trains and the ViT in it, which is evaluated and returned compiled
+        # as before: one optimizer (their variables are the same), a loss and metric each.
+        models = [network] if unwrapped(network) is network else [network, unwrapped(network)]
+        for model in models:
+            model.compile(
+                optimizer=optimizer,
+                loss=optimization.loss(options.label_smoothing),
+                metrics=[optimization.LabelAccuracy()],
+                jit_compile=jit_compile,
+                steps_per_execution=steps_per_execution,
+            )
 
     def _preprocessing(self, network: keras.Model) -> tuple[tuple[int, int], tuple, tuple, str]:
         """The network's size, mean, std and interpolation: the catalog's answer (`preprocessing_for`)."""
-        spec = preprocessing_for(network)
+        spec = preprocessing_for(unwrapped(network))
         return spec.image_size, spec.mean, spec.std, spec.interpolation
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int):
-        """tf.data batches on TensorFlow, a `keras.utils.PyDataset` elsewhere: the same plan."""
+        """tf.data batches on TensorFlow, a `keras.utils.PyDataset` elsewhere: the same plan, uint8
+        pixels (normalised and mixed on the device by `DeviceInput`)."""
         image_size, mean, std, interpolation = self._preprocessing(network)
         return input_module().train_pipeline(
             self.train_source,
@@ -259,6 +269,7 @@ class ClassificationTask:
             **self.augmentation,
             interpolation=interpolation,
             mixup_alpha=self.used_mixup_alpha,
+            pixels="uint8",
         )
 
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
@@ -268,9 +279,9 @@ class ClassificationTask:
         eval_spec = inputs.Preprocessing(image_size, mean, std, None, interpolation, resampler="tensorflow")
         if keras.backend.backend() == "tensorflow":
             test_data = inputs.eval_pipeline(self.test_source, eval_spec, batch_size=self.options.batch_size)
-            test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
+            test_loss, test_accuracy = unwrapped(network).evaluate(test_data, verbose=0)
         else:
-            test_loss, test_accuracy = self._held_out_metrics(network, eval_spec)
+            test_loss, test_accuracy = self._held_out_metrics(unwrapped(network), eval_spec)
         return {
             "accuracy": float(test_accuracy),
             "loss": float(test_loss),
@@ -297,7 +308,7 @@ class ClassificationTask:
         return float(loss), float((logits.argmax(axis=-1) == labels).mean())
 
     def saved_model(self, network: keras.Model) -> keras.Model:
-        return network
+        return unwrapped(network)
 
     def describe(self, network: keras.Model) -> dict:
         """What the run used (`runs.fit_task` puts it in the report): recipe, checkpoint, data, values."""
@@ -310,7 +321,7 @@ class ClassificationTask:
         return {
             "recipe": self.recipe.name,
             "recipe_description": f"{self.recipe.description}; {start}",
-            "checkpoint": checkpoint_record(options.pretrained, network),
+            "checkpoint": checkpoint_record(options.pretrained, unwrapped(network)),
             "data": {
                 "dataset": runs.describe(self.dataset),
                 "train_examples": self.train_source.num_examples,

@@ -45,6 +45,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.models.build import build_vit
+from keras_vit.models.layers import normalize_pixels
 from keras_vit.models.vit import ViT
 from keras_vit.registry.catalog import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.registry.variants import ViTConfig, config_of, model_config
@@ -299,7 +300,9 @@ class MaskedPatchPredictor(keras.Model):
     zero-initialised float32 Dense head on each patch token. `model.backbone` is the backbone
     (token output `(B, 1 + N, D)`), whose weights are the ones trained here.
 
-    Input: images normalised with `mean`/`std` (Google's 0.5/0.5, i.e. [-1, 1], by default).
+    Input: images normalised with `mean`/`std` (Google's 0.5/0.5, i.e. [-1, 1], by default), or
+    uint8 pixels, which it normalises itself on the device (`normalize_pixels`: equal to the
+    host's normalisation bit for bit; what `keras-vit pretrain`'s input ships).
     Output: `{"predictions": (B, N, cells, classes) logits, or (B, N, P*P*C) pixels for
     "regression", "corrupted": (B, N)}`. `model.fit` on batches of images, or of
     `(images, labels)` (labels are ignored), minimises `masked_patch_loss`, and reports
@@ -362,8 +365,15 @@ class MaskedPatchPredictor(keras.Model):
         self.patch_accuracy = keras.metrics.Mean(name="patch_accuracy")
         self.built = True
 
+    def normalized(self, images):
+        """uint8 pixels normalised with `mean`/`std` (for a backbone with a float input); else `images`."""
+        uint8 = keras.backend.standardize_dtype(images.dtype) == "uint8"
+        if uint8 and getattr(self.backbone, "image_dtype", "float32") != "uint8":
+            return normalize_pixels(images, self.mean, self.std)
+        return images
+
     def call(self, images, training=None):
-        patches = self._embed(images, training=training)
+        patches = self._embed(self.normalized(images), training=training)
         corrupted_patches, corrupted = self.corruption(patches)
         tokens = self._encode(corrupted_patches, training=training)
         outputs = self.head(tokens[:, self.backbone.config.num_prefix_tokens :])
@@ -372,7 +382,10 @@ class MaskedPatchPredictor(keras.Model):
         return {"predictions": outputs, "corrupted": corrupted}
 
     def targets(self, images):
-        """`patch_targets` of normalised `images` with this model's patch, target and normalisation."""
+        """`patch_targets` of normalised `images` (or uint8 pixels) with this model's patch, target and
+        normalisation."""
+        if keras.backend.standardize_dtype(images.dtype) == "uint8":
+            images = normalize_pixels(images, self.mean, self.std)
         return patch_targets(
             images, self.pixel_patch, target=self.target, bits=self.bits, mean=self.mean, std=self.std
         )

@@ -157,7 +157,7 @@ class MaskedPatchTask:
         )
 
     def train_data(self, network: keras.Model, start_epoch: int, steps_per_epoch: int):
-        """Batches of images only (labels dropped), from this backend's input (`input_module`)."""
+        """uint8 batches of images only (labels dropped), from this backend's input (`input_module`)."""
         batches = input_module().train_pipeline(
             self.source,
             image_size=tuple(network.backbone.input_shape[1:3]),
@@ -168,6 +168,7 @@ class MaskedPatchTask:
             start_epoch=start_epoch,
             steps_per_epoch=steps_per_epoch,
             **self.augmentation,
+            pixels="uint8",  # normalised on the device by the model (`MaskedPatchPredictor.normalized`)
         )
         return input_module().images_only(batches)  # unlabeled: labels are dropped before the model
 

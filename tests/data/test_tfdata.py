@@ -239,3 +239,50 @@ def test_distribute_sets_the_shard_policy():
     distributed = data.distribute(data.eval_pipeline(source, image_size=8, batch_size=4), strategy)
     assert isinstance(distributed, tf.distribute.DistributedDataset)
     assert sum(int(labels.shape[0]) for _, labels in distributed) == 8
+
+
+@pytest.mark.parametrize(
+    "kind", ["4:2:0", "4:2:2", "4:4:4", "progressive 4:2:0", "grayscale", "png (decoded whole)"]
+)
+def test_decode_crop_equals_decode_then_crop(tmp_path, kind):
+    """tf.data decodes only a JPEG's crop window (`decode_crop`: `tf.io.decode_and_crop_jpeg` with a
+    16-pixel margin): equal to decoding the whole file and cropping, exactly, for 30 inception crops
+    and the image's corners, at odd sizes and odd offsets. (Without the margin libjpeg upsamples
+    the chroma at a window's edge as at the image's: up to 9 levels off in an edge column, measured
+    on the benchmark's 4:2:0 photos; with it, 1,000 of 1,000 such files equal.)"""
+    from keras_vit.data.tf_preprocessing import decode_image
+
+    rng = np.random.default_rng(0)
+    picture = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(
+        (333, 251), Image.BICUBIC
+    )
+    noisy = np.clip(np.asarray(picture, np.int16) + rng.integers(-12, 13, (251, 333, 3)), 0, 255)
+    image = Image.fromarray(noisy.astype(np.uint8))
+    path = str(tmp_path / ("photo.png" if kind.startswith("png") else "photo.jpg"))
+    if kind == "grayscale":
+        image.convert("L").save(path, quality=90)
+    elif kind.startswith("png"):
+        image.save(path)
+    else:
+        subsampling = {"4:4:4": 0, "4:2:2": 1}.get(kind.split()[-1], 2)
+        image.save(path, quality=90, subsampling=subsampling, progressive=kind.startswith("progressive"))
+    contents = tf.io.read_file(path)
+    full = decode_image(contents)
+    boxes = [
+        lambda shape, seed=seed: data._crop_box(
+            shape, tf.constant([seed, 1], tf.int64), (0.08, 1.0), (3 / 4, 4 / 3)
+        )
+        for seed in range(30)
+    ]
+    for begin, size in [
+        ((0, 0), (37, 41)),
+        ((214, 292), (37, 41)),
+        ((0, 0), (251, 333)),
+        ((1, 3), (249, 329)),
+    ]:
+        boxes.append(
+            lambda shape, begin=begin, size=size: (tf.constant([*begin, 0]), tf.constant([*size, -1]))
+        )
+    for box in boxes:
+        begin, size = box(tf.shape(full))
+        np.testing.assert_array_equal(data.decode_crop(contents, box), tf.slice(full, begin, size))
