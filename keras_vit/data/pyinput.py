@@ -37,10 +37,18 @@ import numpy as np
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.data.processes import process_rows
+from keras_vit.data.workers import PooledItems
 from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS, Preprocessing, normalize
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.utils.environment import install_hint
-from keras_vit.utils.validation import check_pixel_count, one_of, optional, positive_int, positive_number
+from keras_vit.utils.validation import (
+    check_pixel_count,
+    non_negative_int,
+    one_of,
+    optional,
+    positive_int,
+    positive_number,
+)
 from keras_vit.utils.validation import image_size as size_pair
 
 __all__ = [
@@ -266,10 +274,8 @@ def from_arrays(
     if images.shape[-1] == 1:
         images = np.repeat(images, 3, axis=-1)
 
-    def read(index: int) -> tuple[np.ndarray, int]:
-        return images[index], int(labels[index])
-
     counts = tuple(int(count) for count in np.bincount(labels, minlength=num_classes))
+    read = _ArrayReader(images, labels)
     return Source(len(images), num_classes, class_names, read, labels, class_counts=counts)
 
 
@@ -383,6 +389,28 @@ def list_image_folder(
     return paths, labels, class_names
 
 
+@dataclass(frozen=True)
+class _ArrayReader:
+    """`Source.read` over in-memory arrays (a class, not a closure: worker processes unpickle it)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __call__(self, index: int) -> tuple[np.ndarray, int]:
+        return self.images[index], int(self.labels[index])
+
+
+@dataclass(frozen=True)
+class _FileReader:
+    """`Source.read` over image files, decoded by Pillow (picklable, as `_ArrayReader`)."""
+
+    paths: tuple[str, ...]
+    labels: tuple[int, ...]
+
+    def __call__(self, index: int) -> tuple[np.ndarray, int]:
+        return _decode_file(self.paths[index]), self.labels[index]
+
+
 def _decode_file(path: str) -> np.ndarray:
     """The file's pixels as Pillow decodes them, RGB uint8 `(H, W, 3)` (a GIF's first frame)."""
     from PIL import Image
@@ -403,9 +431,7 @@ def from_directory(
     root = os.fspath(path)
     paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels)
 
-    def read(index: int) -> tuple[np.ndarray, int]:
-        return _decode_file(paths[index]), labels[index]
-
+    read = _FileReader(tuple(paths), tuple(labels))
     counts = tuple(labels.count(label) for label in range(len(class_names)))
     label_array = np.asarray(labels, dtype="int32")
     return Source(
@@ -585,11 +611,12 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-class TrainBatches(keras.utils.PyDataset):
+class TrainBatches(PooledItems, keras.utils.PyDataset):
     """Endless training batches `(float32 (B, H, W, 3), labels)`: `train_pipeline`'s result.
 
     `batch(epoch, index)` is batch `index` of epoch `epoch`, a pure function of `(seed, epoch,
-    index)`; `self[i]` is batch `i` counted from `start_epoch` (what `model.fit` reads in turn).
+    index)`; `self[i]` is batch `i` counted from `start_epoch` (what `model.fit` reads in turn),
+    made by `workers` worker processes ahead of the reader (`keras_vit.data.workers`; 0: by the reader).
     Each is the `rows` of the global batch (`slice(0, batch_size)`: all; by default this
     process's, `process_rows`): the pieces of the processes of a run make up the global batch.
     """
@@ -614,8 +641,9 @@ class TrainBatches(keras.utils.PyDataset):
         workers: int | None = None,
         rows: slice | None = None,
     ):
-        workers = _usable_cpus() if workers is None else positive_int("workers", workers)
-        super().__init__(workers=workers, use_multiprocessing=False)
+        # Keras reads the items in turn in its own thread; the worker processes make them ahead.
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.processes = _usable_cpus() if workers is None else non_negative_int("workers", workers)
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.mean, self.std, self.seed = mean, std, int(seed)
         self.start_epoch, self.steps = int(start_epoch), steps
@@ -685,7 +713,8 @@ class TrainBatches(keras.utils.PyDataset):
             weight * one_hot[own] + (1.0 - weight) * one_hot[other],
         )
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def make_item(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """`self[index]`, made here: batch `index` counted from `start_epoch`."""
         epoch, within = divmod(int(index), self.steps)
         return self.batch(self.start_epoch + epoch, within)
 
@@ -746,11 +775,12 @@ def train_pipeline(
 ) -> TrainBatches:
     """Endless training batches as a `keras.utils.PyDataset`, resumable at any epoch.
 
-        The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
-        docstring for how the random numbers are drawn); `workers` threads prepare batches ahead (default:
-    the CPUs this process may use; Pillow releases the GIL while it decodes and resizes).
-        `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
-        of them, but in a multi-process JAX run this process's (`process_rows`).
+    The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
+    docstring for how the random numbers are drawn); `workers` processes prepare batches ahead
+    (default: the CPUs this process may use; 0: the reading thread makes each batch when read;
+    `keras_vit.data.workers`), the same batches bit for bit.
+    `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
+    of them, but in a multi-process JAX run this process's (`process_rows`).
     """
     crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     if mixup_alpha:
