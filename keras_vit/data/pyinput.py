@@ -150,6 +150,12 @@ class BadImages:
         if new:
             warnings.warn(f"Skipped image file {path}, which cannot be read ({reason}).", stacklevel=2)
 
+    def __getstate__(self) -> dict:  # a worker process's copy starts empty, with a lock of its own
+        return {"root": self.root, "action": self.action}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"], state["action"])
+
     def add_counter(self, counter: Callable[[], int]) -> None:
         """Count skips that a reader sees but cannot name (`counter()`: how many so far)."""
         self._counters.append(counter)
