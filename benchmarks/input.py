@@ -113,7 +113,8 @@ def _keras_vit_pyinput_grain(root: str, workers: int):
         flags.FLAGS(sys.argv[:1])
     yield
     batches = _pyinput_batches(root, 0)
-    dataset = grain.MapDataset.range(10_000).map(batches.make_item).to_iter_dataset()
+    dataset = grain.MapDataset.range(10_000).map(batches.make_item)
+    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))  # 1 thread
     stream = iter(dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)))
     yield next(stream)
     yield from stream
@@ -158,7 +159,8 @@ DEFAULT_READERS = ["keras_vit-pyinput", "keras_vit-pyinput-threads", "keras_vit-
 
 
 def measure(reader: str, root: str, workers: int, batches: int) -> dict:
-    """One reader's start-up (path to first batch) and images/s over `batches` batches after 2."""
+    """One reader's start-up (path to first batch) and images/s over `batches` batches, after 3 + 2 x
+    workers (what the readers with worker processes made ahead while starting)."""
     files = sum(len(names) for _, _, names in os.walk(root))
     stream = READERS[reader](root, workers)
     next(stream)  # the reader's imports, outside the clock
@@ -167,7 +169,8 @@ def measure(reader: str, root: str, workers: int, batches: int) -> dict:
     startup = time.perf_counter() - started
     extra = next(stream)
     extra = extra if isinstance(extra, dict) else {}  # the pool's readiness, where it has one
-    next(stream)
+    for _ in range(2 + 2 * workers):  # what the reader made ahead while it started: not its rate
+        next(stream)
     timed = time.perf_counter()
     for _ in range(batches):
         next(stream)

@@ -10,8 +10,9 @@ same bit for bit whichever process made it, and a run resumed at any index reads
   whose JAX or PyTorch threads a fork would copy mid-flight. Until they are ready (the server's
   imports take a few seconds) the batches asked for are made in the calling thread, so the first
   batch comes as soon as without workers.
-* Transfer: a batch's arrays come back in one shared-memory block (`multiprocessing.shared_memory`),
-  copied out and unlinked by the reader; the rest (labels' shapes, bad-image records) by pipe.
+* Transfer: a batch's arrays come back in one shared-memory block (`multiprocessing.shared_memory`)
+  of the worker's, copied out by the reader and handed back for the worker's next batch; the rest
+  (shapes, small arrays, bad-image records) by pipe.
 * Bad images: what a worker's `BadImages` met while making a batch travels back with it and is
   merged into the dataset's own (`source.bad_images`): the counts and files are the same as with
   the batches made in one process; `on_bad_image="stop"`'s `BadImageError` is raised in the reader.
@@ -129,13 +130,49 @@ def _merge_bad_images(bad, record: tuple) -> None:
         warnings.warn(f"Skipped image file {path}, which cannot be read ({files[path]}).", stacklevel=4)
 
 
-def _pack(value):
+class _Blocks:
+    """A worker's shared-memory blocks, reused: the reader hands each back once it copied it out
+    (a fresh block per batch costs more in page faults and unlinking than the copy)."""
+
+    def __init__(self):
+        self.owned: dict[str, shared_memory.SharedMemory] = {}
+        self.free: list[str] = []
+
+    def take(self, size: int) -> shared_memory.SharedMemory:
+        for name in self.free:
+            if self.owned[name].size >= size:
+                self.free.remove(name)
+                return self.owned[name]
+        block = shared_memory.SharedMemory(create=True, size=size)
+        self.owned[block.name] = block
+        return block
+
+    def release(self, name: str) -> None:
+        if name in self.owned:
+            self.free.append(name)
+
+    def unlink_all(self) -> None:
+        for block in self.owned.values():
+            block.close()
+            try:
+                block.unlink()
+            except FileNotFoundError:
+                pass
+        self.owned.clear()
+
+
+def _placeholder(item) -> bool:
+    """Whether `item` stands for an array in a block: `("__array__", offset, shape, dtype)`."""
+    return isinstance(item, tuple) and len(item) == 4 and isinstance(item[0], str) and item[0] == "__array__"
+
+
+def _pack(value, blocks: _Blocks):
     """`value` with its large arrays moved into one shared-memory block: `(block name, structure)`."""
     arrays = []
 
     def walk(item):
         if isinstance(item, np.ndarray) and item.nbytes >= _SHARED_BYTES:
-            arrays.append(np.ascontiguousarray(item))
+            arrays.append(item)
             return ("__array__", len(arrays) - 1, item.shape, item.dtype.str)
         if isinstance(item, tuple):
             return tuple(walk(part) for part in item)
@@ -148,15 +185,12 @@ def _pack(value):
     for array in arrays:
         offsets.append(total)
         total += -(-array.nbytes // 64) * 64  # 64-byte aligned
-    block = shared_memory.SharedMemory(create=True, size=total)
-    try:
-        for array, offset in zip(arrays, offsets, strict=True):
-            block.buf[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8)
-    finally:
-        block.close()
+    block = blocks.take(total)
+    for array, offset in zip(arrays, offsets, strict=True):
+        np.ndarray(array.shape, array.dtype, buffer=block.buf, offset=offset)[...] = array
 
     def place(item):
-        if isinstance(item, tuple) and item[:1] == ("__array__",):
+        if _placeholder(item):
             return ("__array__", offsets[item[1]], item[2], item[3])
         if isinstance(item, tuple):
             return tuple(place(part) for part in item)
@@ -165,41 +199,23 @@ def _pack(value):
     return block.name, place(structure)
 
 
-def _unpack(name: str | None, structure):
-    """`_pack`'s value again: the arrays copied out of the block, which is then unlinked."""
-    if name is None:
-        return structure
-    block = shared_memory.SharedMemory(name=name)
-    try:
+def _unpack(block: shared_memory.SharedMemory | None, structure):
+    """`_pack`'s value again, its arrays copied out of `block` (which goes back to its worker)."""
 
-        def build(item):
-            if isinstance(item, tuple) and item[:1] == ("__array__",):
-                _, offset, shape, dtype = item
-                dtype = np.dtype(dtype)
-                count = int(np.prod(shape, dtype=np.int64))
-                return np.frombuffer(block.buf, dtype, count, offset).reshape(shape).copy()
-            if isinstance(item, tuple):
-                return tuple(build(part) for part in item)
-            return item
+    def build(item):
+        if _placeholder(item):
+            _, offset, shape, dtype = item
+            return np.ndarray(shape, np.dtype(dtype), buffer=block.buf, offset=offset).copy()
+        if isinstance(item, tuple):
+            return tuple(build(part) for part in item)
+        return item
 
-        return build(structure)
-    finally:
-        block.close()
-        block.unlink()
-
-
-def _discard(name: str | None) -> None:
-    if name is not None:
-        try:
-            block = shared_memory.SharedMemory(name=name)
-            block.close()
-            block.unlink()
-        except FileNotFoundError:
-            pass
+    return build(structure)
 
 
 def _worker(pickled: bytes, tasks, results) -> None:
-    """A worker process: unpickle the dataset, then make `dataset.make_item(index)` for each task."""
+    """A worker process: unpickle the dataset, then make `dataset.make_item(index)` for each task
+    (an int); a str on the task pipe hands back a block, None stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the reader handles Ctrl-C and closes the pool
     warnings.filterwarnings("ignore", message="Skipped image file")  # the reader warns once it merges
     try:
@@ -208,24 +224,29 @@ def _worker(pickled: bytes, tasks, results) -> None:
     except BaseException as error:  # noqa: BLE001 - reported to the reader, which raises it
         results.send(("failed", None, _portable(error)))
         return
-    while True:
-        try:
-            index = tasks.recv()
-        except (EOFError, OSError):  # the reader is gone
-            return
-        if index is None:
-            return
-        try:
-            name, structure = _pack(dataset.make_item(index))
-            message = ("done", index, name, structure, _take_bad_images(dataset))
-        except BaseException as error:  # noqa: BLE001 - reported to the reader, which raises it
-            message = ("failed", index, _portable(error))
-        try:
-            results.send(message)
-        except (BrokenPipeError, OSError):
-            if message[0] == "done":
-                _discard(message[2])
-            return
+    blocks = _Blocks()
+    try:
+        while True:
+            try:
+                task = tasks.recv()
+            except (EOFError, OSError):  # the reader is gone
+                return
+            if task is None:
+                return
+            if isinstance(task, str):
+                blocks.release(task)
+                continue
+            try:
+                name, structure = _pack(dataset.make_item(task), blocks)
+                message = ("done", task, name, structure, _take_bad_images(dataset))
+            except BaseException as error:  # noqa: BLE001 - reported to the reader, which raises it
+                message = ("failed", task, _portable(error))
+            try:
+                results.send(message)
+            except OSError:
+                return
+    finally:
+        blocks.unlink_all()
 
 
 def _portable(error: BaseException):
@@ -263,8 +284,9 @@ class BatchPool:
         self._tasks: list = []
         self._pipes: list = []
         self._next_worker = 0
+        self._attached: dict[str, shared_memory.SharedMemory] = {}
         self._finalizer = weakref.finalize(
-            self, BatchPool._shutdown, self._processes, self._tasks, self._results
+            self, BatchPool._shutdown, self._processes, self._tasks, self._results, self._attached
         )
         self._starter = threading.Thread(
             target=BatchPool._start,
@@ -372,7 +394,7 @@ class BatchPool:
                     continue
                 with pool._lock:
                     if message[0] == "done":
-                        pool._results[message[1]] = message[2:]
+                        pool._results[message[1]] = (pipes[item], *message[2:])
                     else:
                         error, text = message[2]
                         error.add_note(f"In input worker {pipes[item]}:\n{text}")
@@ -421,15 +443,31 @@ class BatchPool:
                 if self._closed:
                     raise WorkerError("The input's worker pool is closed.")
                 self._lock.wait(timeout=1.0)
-            name, structure, record = self._results.pop(index)
+            number, name, structure, record = self._results.pop(index)
             self._asked.discard(index)
+            item = _unpack(self._attach(name), structure)
+            self._release(number, name)
             # Items made for a reader that has since jumped back are dropped.
             for stale in [key for key in self._results if key < index - self.ahead]:
-                _discard(self._results.pop(stale)[0])
+                self._release(*self._results.pop(stale)[:2])
                 self._asked.discard(stale)
         if record is not None and self._bad_images is not None:
             _merge_bad_images(self._bad_images, record)
-        return _unpack(name, structure)
+        return item
+
+    def _attach(self, name: str | None) -> shared_memory.SharedMemory | None:
+        """The worker's block `name`, mapped here once (the workers reuse their blocks)."""
+        if name is not None and name not in self._attached:
+            self._attached[name] = shared_memory.SharedMemory(name=name)
+        return self._attached.get(name)
+
+    def _release(self, number: int, name: str | None) -> None:
+        """Hand block `name` back to worker `number` (under the lock)."""
+        if name is not None:
+            try:
+                self._tasks[number].send(name)
+            except OSError:
+                pass  # a dead worker: the pool's error says so
 
     # -- shutdown ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -442,7 +480,7 @@ class BatchPool:
         self._finalizer()
 
     @staticmethod
-    def _shutdown(processes: list, tasks: list, results: dict) -> None:
+    def _shutdown(processes: list, tasks: list, results: dict, attached: dict) -> None:
         for pipe in tasks:
             try:
                 pipe.send(None)
@@ -458,9 +496,14 @@ class BatchPool:
                 process.join()
         for pipe in tasks:
             pipe.close()
-        for value in list(results.values()):
-            _discard(value[0])
         results.clear()
+        for block in attached.values():  # the workers unlinked theirs; a killed one's are left
+            block.close()
+            try:
+                block.unlink()
+            except FileNotFoundError:
+                pass
+        attached.clear()
 
 
 class PooledItems:
