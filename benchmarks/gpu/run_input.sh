@@ -47,7 +47,7 @@ lscpu >"$RESULTS/lscpu.txt"
 PIL.__version__, torch.__version__, timm.__version__)" | tee "$RESULTS/stages.txt"
 # The folder first (not timed), then every case in a fresh process under what is left of TOTAL.
 LEFT=$((TOTAL - ($(date +%s) - T0)))
-timeout -k 5 "$LEFT" "$PYTHON" benchmarks/input.py --folder /tmp/keras_vit_input_bench --files "$FILES" \
+timeout -k 5 "$LEFT" "$PYTHON" benchmarks/input.py --folder "/tmp/keras_vit_input_bench_$FILES" --files "$FILES" \
     --workers "${WORKERS[@]}" --batches "$BATCHES" --readers "${READERS[@]}" --deadline "$TOTAL" \
     --out "$RESULTS/input.json" | tee "$RESULTS/input.jsonl"
 echo "== input.py: exit ${PIPESTATUS[0]} at +$(($(date +%s) - T0)) s" | tee -a "$RESULTS/stages.txt"
