@@ -811,27 +811,40 @@ def train_pipeline(
     )
 
 
-class BatchedImages(keras.utils.PyDataset):
+class BatchedImages(PooledItems, keras.utils.PyDataset):
     """One pass over a source in stored order, each image resized whole and rounded to uint8
     values, then normalised: `eval_pipeline`'s result. The last batch keeps the remainder, or
     with `pad` is filled up to `batch_size` with copies of the last example (every batch then
     splits evenly between data-parallel devices; drop the extra predictions). In a
-    multi-process JAX run each batch is this process's rows of it (`process_rows`)."""
+    multi-process JAX run each batch is this process's rows of it (`process_rows`). Made by
+    `workers` worker processes ahead of the reader, as `TrainBatches`."""
 
-    def __init__(self, source: Source, spec: Preprocessing, batch_size: int, pad: bool = False):
+    def __init__(
+        self,
+        source: Source,
+        spec: Preprocessing,
+        batch_size: int,
+        pad: bool = False,
+        workers: int | None = None,
+    ):
         super().__init__()
         self.source, self.spec, self.batch_size, self.pad = source, spec, batch_size, pad
         self.resample = _resampling(spec.interpolation)
+        self.processes = _usable_cpus() if workers is None else non_negative_int("workers", workers)
+        self.pool_length = len(self)
+        sizes = {batch_size, source.num_examples - (len(self) - 1) * batch_size}
+        self.rows = {size: process_rows(size) for size in sizes}  # here: a worker has no distribution
 
     def __len__(self) -> int:
         return math.ceil(self.source.num_examples / self.batch_size)
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def make_item(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """`self[index]`, made here."""
         last = self.source.num_examples - 1
         indices = range(index * self.batch_size, min((index + 1) * self.batch_size, last + 1))
         if self.pad:
             indices = [*indices, *[last] * (self.batch_size - len(indices))]
-        indices = indices[process_rows(len(indices))]
+        indices = indices[self.rows[len(indices)]]
         images, labels = [], []
         for example in indices:
             loaded = self.source.load(example)
@@ -847,14 +860,14 @@ class BatchedImages(keras.utils.PyDataset):
 
 
 def eval_pipeline(
-    source: Source, spec: Preprocessing, *, batch_size: int, pad: bool = False
+    source: Source, spec: Preprocessing, *, batch_size: int, pad: bool = False, workers: int | None = None
 ) -> BatchedImages:
     """Evaluation batches of `source` with `spec`'s size, normalisation and filter (a plain resize:
     `spec.crop_pct` must be None, as the training driver's evaluation has it); `pad`: every batch
-    full (`BatchedImages`)."""
+    full (`BatchedImages`); `workers`: as `train_pipeline`'s."""
     if spec.crop_pct is not None:
         raise ValueError(
             f"eval_pipeline without TensorFlow resizes the whole image: pass a spec with crop_pct=None, "
             f"not {spec.crop_pct}."
         )
-    return BatchedImages(source, spec, batch_size, pad)
+    return BatchedImages(source, spec, batch_size, pad, workers)

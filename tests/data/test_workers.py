@@ -74,6 +74,27 @@ def test_worker_batches_are_the_in_process_batches_in_any_order_and_after_resume
     resumed.close()
 
 
+def test_evaluation_batches_through_the_workers(tmp_path, monkeypatch):
+    """`eval_pipeline`'s batches (the last one padded) from the workers are the in-process ones, and a
+    file skipped there is among the source's skipped examples (the driver leaves them out of the metrics)."""
+    root = _folder(tmp_path / "val", per_class=10)
+    bad = root / "b" / "7.jpg"
+    bad.write_bytes(bad.read_bytes()[:300])
+    monkeypatch.setattr(pyinput, "image_problem", lambda path, max_pixels: None)
+    spec = pyinput.Preprocessing(32, crop_pct=None, interpolation="bicubic")
+    pooled_source, local_source = (pyinput.from_directory(root, on_bad_image="skip") for _ in range(2))
+    pooled = pyinput.eval_pipeline(pooled_source, spec, batch_size=6, pad=True, workers=2)
+    local = pyinput.eval_pipeline(local_source, spec, batch_size=6, pad=True, workers=0)
+    assert len(pooled) == 4
+    with pytest.warns(UserWarning, match=rf"Skipped image file {bad}"):
+        _started(pooled)
+        local[0]
+        for index in range(1, len(pooled)):
+            _same(pooled[index], local[index])
+    assert pooled_source.bad_images.indices == local_source.bad_images.indices == {17}
+    pooled.close()
+
+
 def test_digits_batches_and_unlabeled_batches_through_the_workers():
     train = pyinput.load_digits()[0]
     pooled = _started(_pipeline(train, image_size=16))
