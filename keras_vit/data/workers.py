@@ -7,15 +7,17 @@ same bit for bit whichever process made it, and a run resumed at any index reads
 
 * Start: the processes come from a fork server (`multiprocessing`'s "forkserver", "spawn" where
   there is none) that imports `keras_vit.data.pyinput` once: never a fork of the training process,
-  whose JAX or PyTorch threads a fork would copy mid-flight. Until they are ready (the server's
+  whose JAX or PyTorch threads a fork would copy mid-flight, and they do not run the reader's
+  `__main__` script again (no `if __name__ == "__main__":` guard needed). Until they are ready (the server's
   imports take a few seconds) the batches asked for are made in the calling thread, so the first
   batch comes as soon as without workers.
 * Transfer: a batch's arrays come back in one shared-memory block (`multiprocessing.shared_memory`)
   of the worker's, copied out by the reader and handed back for the worker's next batch; the rest
   (shapes, small arrays, bad-image records) by pipe.
 * Bad images: what a worker's `BadImages` met while making a batch travels back with it and is
-  merged into the dataset's own (`source.bad_images`): the counts and files are the same as with
-  the batches made in one process; `on_bad_image="stop"`'s `BadImageError` is raised in the reader.
+  merged into the dataset's own (`source.bad_images`) when the batch is read: the counts and files
+  are those of the batches read, as when they are made in one process; `on_bad_image="stop"`'s
+  `BadImageError` is raised in the reader.
 * Failure: a worker that dies (killed, out of memory) ends the read with `WorkerError` naming it
   and its exit code, at once; an exception in a worker is raised again in the reader, its
   traceback in the message. Never a silent hang.
