@@ -832,8 +832,15 @@ class BatchedImages(PooledItems, keras.utils.PyDataset):
         self.resample = _resampling(spec.interpolation)
         self.processes = _usable_cpus() if workers is None else non_negative_int("workers", workers)
         self.pool_length = len(self)
-        sizes = {batch_size, source.num_examples - (len(self) - 1) * batch_size}
-        self.rows = {size: process_rows(size) for size in sizes}  # here: a worker has no distribution
+        # The rows are chosen here: a worker process has no distribution. A size that cannot be
+        # split (an unpadded remainder) raises when its batch is read, as it did.
+        sizes = {batch_size} if pad else {batch_size, source.num_examples - (len(self) - 1) * batch_size}
+        self.rows = {}
+        for size in sizes:
+            try:
+                self.rows[size] = process_rows(size)
+            except Exception:  # noqa: BLE001 - raised again by make_item
+                pass
 
     def __len__(self) -> int:
         return math.ceil(self.source.num_examples / self.batch_size)
@@ -844,7 +851,7 @@ class BatchedImages(PooledItems, keras.utils.PyDataset):
         indices = range(index * self.batch_size, min((index + 1) * self.batch_size, last + 1))
         if self.pad:
             indices = [*indices, *[last] * (self.batch_size - len(indices))]
-        indices = indices[self.rows[len(indices)]]
+        indices = indices[self.rows.get(len(indices)) or process_rows(len(indices))]
         images, labels = [], []
         for example in indices:
             loaded = self.source.load(example)
