@@ -10,6 +10,12 @@ imported together). Start-up: seconds from the folder's path to the first batch,
 
     python benchmarks/input.py --files 2000 --workers 1 2 --out benchmarks/results/input.json
 
+keras_vit's pyinput is measured as `fit` reads it now (`keras-vit-pyinput`: worker processes,
+`keras_vit.data.workers`; the pool's start is outside the timed batches, `workers_ready_s` says how long
+it took), with the same batches made by Keras's threads (`-threads`: the input before the worker
+processes), and on request by Keras's own processes (`-keras-mp`, fork) and by grain (`-grain`, its
+`mp_prefetch` over the same batch function: `pip install grain`).
+
 The folder is generated once if missing: `--files` JPEGs of 500x375 (quality 90) in 10 class folders,
 smooth random pictures (JPEG sizes like photos'), seed 0.
 """
@@ -50,15 +56,11 @@ def make_folder(root: str, files: int) -> None:
         Image.fromarray(pixels).save(os.path.join(folder, f"{index:05d}.jpg"), quality=90)
 
 
-def _keras_vit_pyinput(root: str, workers: int):
-    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
-
+def _pyinput_batches(root: str, workers: int):
     from keras_vit.data import pyinput
 
-    yield  # imported: the start-up clock starts here
     source = pyinput.from_directory(root)
-    pixels = {"pixels": PIXELS} if "pixels" in inspect.signature(pyinput.train_pipeline).parameters else {}
-    batches = pyinput.train_pipeline(
+    return pyinput.train_pipeline(
         source,
         image_size=SIZE,
         batch_size=BATCH,
@@ -66,9 +68,68 @@ def _keras_vit_pyinput(root: str, workers: int):
         steps_per_epoch=10_000,
         workers=workers,
         mixup_alpha=MIXUP,
-        **pixels,
+        pixels=PIXELS,
     )
+
+
+def _keras_vit_pyinput(root: str, workers: int):
+    """The driver's input: worker processes (`keras_vit.data.workers`), read as `fit` reads them."""
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    from keras_vit.data import pyinput  # noqa: F401
+
+    yield  # imported: the start-up clock starts here
+    batches = _pyinput_batches(root, workers)
+    stream = PyDatasetAdapter(batches, shuffle=False).get_numpy_iterator()
+    yield next(stream)  # made in this process while the workers start
+    started = time.perf_counter()
+    batches.pool.wait_ready()
+    yield {"workers_ready_s": round(time.perf_counter() - started, 2)}
+    yield from stream
+
+
+def _keras_vit_pyinput_threads(root: str, workers: int):
+    """The same batches made by Keras's PyDataset threads (the input before the worker processes)."""
+    import keras
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    from keras_vit.data import pyinput  # noqa: F401
+
+    yield
+    batches = _pyinput_batches(root, 0)
+    keras.utils.PyDataset.__init__(batches, workers=workers, use_multiprocessing=False)
     yield from PyDatasetAdapter(batches, shuffle=False).get_numpy_iterator()
+
+
+def _keras_vit_pyinput_keras_mp(root: str, workers: int):
+    """The same batches made by Keras's own PyDataset processes (`use_multiprocessing=True`: fork)."""
+    import keras
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    from keras_vit.data import pyinput  # noqa: F401
+
+    yield
+    batches = _pyinput_batches(root, 0)
+    keras.utils.PyDataset.__init__(batches, workers=workers, use_multiprocessing=True)
+    yield from PyDatasetAdapter(batches, shuffle=False).get_numpy_iterator()
+
+
+def _keras_vit_pyinput_grain(root: str, workers: int):
+    """The same batches made by grain's processes (`MapDataset` of batch indices, `mp_prefetch`)."""
+    import grain
+    from absl import flags
+
+    from keras_vit.data import pyinput  # noqa: F401
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(sys.argv[:1])
+    yield
+    batches = _pyinput_batches(root, 0)
+    dataset = grain.MapDataset.range(10_000).map(batches.make_item)
+    dataset = dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2))  # 1 thread
+    stream = iter(dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)))
+    yield next(stream)
+    yield from stream
 
 
 def _keras_vit_tfdata(root: str, workers: int):
@@ -101,18 +162,30 @@ def _timm(root: str, workers: int):
         yield from loader
 
 
-READERS = {"keras_vit-pyinput": _keras_vit_pyinput, "keras_vit-tfdata": _keras_vit_tfdata, "timm": _timm}
+READERS = {
+    "keras_vit-pyinput": _keras_vit_pyinput,
+    "keras_vit-pyinput-threads": _keras_vit_pyinput_threads,
+    "keras_vit-pyinput-keras-mp": _keras_vit_pyinput_keras_mp,
+    "keras_vit-pyinput-grain": _keras_vit_pyinput_grain,
+    "keras_vit-tfdata": _keras_vit_tfdata,
+    "timm": _timm,
+}
+DEFAULT_READERS = ["keras_vit-pyinput", "keras_vit-pyinput-threads", "keras_vit-tfdata", "timm"]
 
 
 def measure(reader: str, root: str, workers: int, batches: int) -> dict:
-    """One reader's start-up (path to first batch) and images/s over `batches` batches after 2."""
+    """One reader's start-up (path to first batch) and images/s over `batches` batches, after 3 + 2 x
+    workers (what the readers with worker processes made ahead while starting)."""
     files = sum(len(names) for _, _, names in os.walk(root))
     stream = READERS[reader](root, workers)
     next(stream)  # the reader's imports, outside the clock
     started = time.perf_counter()
     next(stream)
     startup = time.perf_counter() - started
-    next(stream)
+    extra = next(stream)
+    extra = extra if isinstance(extra, dict) else {}  # the pool's readiness, where it has one
+    for _ in range(2 + 2 * workers):  # what the reader made ahead while it started: not its rate
+        next(stream)
     timed = time.perf_counter()
     for _ in range(batches):
         next(stream)
@@ -125,6 +198,7 @@ def measure(reader: str, root: str, workers: int, batches: int) -> dict:
         "files": files,
         "batches_timed": batches,
         "pixels": PIXELS if reader != "timm" else "float32",
+        **extra,
     }
 
 
@@ -134,7 +208,8 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, default=10)
-    parser.add_argument("--readers", nargs="+", default=list(READERS), choices=list(READERS))
+    parser.add_argument("--readers", nargs="+", default=DEFAULT_READERS, choices=list(READERS))
+    parser.add_argument("--deadline", type=float, default=3600, help="seconds for all cases")
     parser.add_argument("--pixels", choices=["uint8", "float32"], default=PIXELS)
     parser.add_argument("--mixup", type=float, default=MIXUP, help="keras_vit's mixup alpha (timm: none)")
     parser.add_argument("--out")
@@ -143,25 +218,42 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(args.one, args.folder, args.workers[0], args.batches)))
         return
+    start = time.monotonic()
     make_folder(args.folder, args.files)
     results = []
     for workers in args.workers:
         for reader in args.readers:
             command = [sys.executable, __file__, "--one", reader, "--folder", args.folder]
             command += ["--workers", str(workers), "--batches", str(args.batches)]
+            left = args.deadline - (time.monotonic() - start)
+            row = {"reader": reader, "workers": workers}
             env = {
                 **os.environ,
                 "KERAS_VIT_BENCH_PIXELS": args.pixels,
                 "KERAS_VIT_BENCH_MIXUP": str(args.mixup),
             }
-            output = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
-            results.append(json.loads(output.strip().splitlines()[-1]))
+            if left < 10:
+                row["skipped"] = "deadline"
+            else:
+                try:
+                    done = subprocess.run(command, capture_output=True, text=True, timeout=left, env=env)
+                    if done.returncode == 0:
+                        row = json.loads(done.stdout.strip().splitlines()[-1])
+                    else:
+                        row["error"] = done.stderr.strip().splitlines()[-1:]
+                except subprocess.TimeoutExpired:
+                    row["skipped"] = "deadline (cut short)"
+            results.append(row)
             print(json.dumps(results[-1]), flush=True)
     for row in results:
-        same = [other for other in results if other["workers"] == row["workers"]]
-        timm = [other for other in same if other["reader"] == "timm"]
-        if timm:
+        timm = [
+            other for other in results if other["workers"] == row["workers"] and other["reader"] == "timm"
+        ]
+        if "images_per_s" in row and timm and "images_per_s" in timm[0]:
             row["vs_timm"] = round(row["images_per_s"] / timm[0]["images_per_s"], 2)
+        one = [other for other in results if other["workers"] == 1 and other["reader"] == row["reader"]]
+        if "images_per_s" in row and one and "images_per_s" in one[0]:
+            row["vs_1_worker"] = round(row["images_per_s"] / one[0]["images_per_s"], 2)
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     record = {
         "results": results,

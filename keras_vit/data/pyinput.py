@@ -40,10 +40,18 @@ import numpy as np
 
 from keras_vit.data.preprocessing import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.data.processes import process_rows
+from keras_vit.data.workers import PooledItems
 from keras_vit.registry.catalog import DEFAULT_INTERPOLATION, INTERPOLATIONS, Preprocessing, normalize
 from keras_vit.utils.defaults import BAD_IMAGE_ACTIONS, MAX_PIXELS
 from keras_vit.utils.environment import install_hint
-from keras_vit.utils.validation import check_pixel_count, one_of, optional, positive_int, positive_number
+from keras_vit.utils.validation import (
+    check_pixel_count,
+    non_negative_int,
+    one_of,
+    optional,
+    positive_int,
+    positive_number,
+)
 from keras_vit.utils.validation import image_size as size_pair
 
 __all__ = [
@@ -152,6 +160,12 @@ class BadImages:
             self.indices.add(index)
         if new:
             warnings.warn(f"Skipped image file {path}, which cannot be read ({reason}).", stacklevel=2)
+
+    def __getstate__(self) -> dict:  # a worker process's copy starts empty, with a lock of its own
+        return {"root": self.root, "action": self.action}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["root"], state["action"])
 
     def add_counter(self, counter: Callable[[], int]) -> None:
         """Count skips that a reader sees but cannot name (`counter()`: how many so far)."""
@@ -277,10 +291,8 @@ def from_arrays(
     if images.shape[-1] == 1:
         images = np.repeat(images, 3, axis=-1)
 
-    def read(index: int) -> tuple[np.ndarray, int]:
-        return images[index], int(labels[index])
-
     counts = tuple(int(count) for count in np.bincount(labels, minlength=num_classes))
+    read = _ArrayReader(images, labels)
     return Source(len(images), num_classes, class_names, read, labels, class_counts=counts)
 
 
@@ -394,6 +406,28 @@ def list_image_folder(
     return paths, labels, class_names
 
 
+@dataclass(frozen=True)
+class _ArrayReader:
+    """`Source.read` over in-memory arrays (a class, not a closure: worker processes unpickle it)."""
+
+    images: np.ndarray
+    labels: np.ndarray
+
+    def __call__(self, index: int) -> tuple[np.ndarray, int]:
+        return self.images[index], int(self.labels[index])
+
+
+@dataclass(frozen=True)
+class _FileReader:
+    """`Source.read` over image files, decoded by Pillow (picklable, as `_ArrayReader`)."""
+
+    paths: tuple[str, ...]
+    labels: tuple[int, ...]
+
+    def __call__(self, index: int) -> tuple[np.ndarray, int]:
+        return _decode_file(self.paths[index]), self.labels[index]
+
+
 def _decode_file(path: str) -> np.ndarray:
     """The file's pixels as Pillow decodes them, RGB uint8 `(H, W, 3)` (a GIF's first frame)."""
     from PIL import Image
@@ -414,9 +448,7 @@ def from_directory(
     root = os.fspath(path)
     paths, labels, class_names = list_image_folder(root, on_bad_image, max_pixels)
 
-    def read(index: int) -> tuple[np.ndarray, int]:
-        return _decode_file(paths[index]), labels[index]
-
+    read = _FileReader(tuple(paths), tuple(labels))
     counts = tuple(labels.count(label) for label in range(len(class_names)))
     label_array = np.asarray(labels, dtype="int32")
     return Source(
@@ -596,7 +628,7 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-class TrainBatches(keras.utils.PyDataset):
+class TrainBatches(PooledItems, keras.utils.PyDataset):
     """Endless training batches: `train_pipeline`'s result.
 
     `pixels="float32"`: `(float32 (B, H, W, 3) normalised, labels)`, mixed here with mixup
@@ -604,7 +636,8 @@ class TrainBatches(keras.utils.PyDataset):
     with mixup `({"images": uint8, "mixup_weight": float32 (B,)}, int32 labels)`: the host never
     makes a float image; the step normalises and mixes (`keras_vit.training.device_input`).
     `batch(epoch, index)` is batch `index` of epoch `epoch`, a pure function of `(seed, epoch,
-    index)`; `self[i]` is batch `i` counted from `start_epoch` (what `model.fit` reads in turn).
+    index)`; `self[i]` is batch `i` counted from `start_epoch` (what `model.fit` reads in turn),
+    made by `workers` worker processes ahead of the reader (`keras_vit.data.workers`; 0: by the reader).
     Each is the `rows` of the global batch (`slice(0, batch_size)`: all; by default this
     process's, `process_rows`): the pieces of the processes of a run make up the global batch.
     """
@@ -630,9 +663,10 @@ class TrainBatches(keras.utils.PyDataset):
         rows: slice | None = None,
         pixels: str = PIXELS[0],
     ):
-        workers = _usable_cpus() if workers is None else positive_int("workers", workers)
+        # Keras reads the items in turn in its own thread; the worker processes make them ahead.
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.processes = _usable_cpus() if workers is None else non_negative_int("workers", workers)
         self.pixels = one_of("pixels", pixels, PIXELS)
-        super().__init__(workers=workers, use_multiprocessing=False)
         self.source, self.image_size, self.batch_size = source, image_size, batch_size
         self.mean, self.std, self.seed = mean, std, int(seed)
         self.start_epoch, self.steps = int(start_epoch), steps
@@ -714,7 +748,8 @@ class TrainBatches(keras.utils.PyDataset):
             weight * one_hot[own] + (1.0 - weight) * one_hot[other],
         )
 
-    def __getitem__(self, index: int) -> tuple:
+    def make_item(self, index: int) -> tuple:
+        """`self[index]`, made here: batch `index` counted from `start_epoch`."""
         epoch, within = divmod(int(index), self.steps)
         return self.batch(self.start_epoch + epoch, within)
 
@@ -777,14 +812,15 @@ def train_pipeline(
 ) -> TrainBatches:
     """Endless training batches as a `keras.utils.PyDataset`, resumable at any epoch.
 
-        The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
-        docstring for how the random numbers are drawn); `workers` threads prepare batches ahead (default:
-    the CPUs this process may use; Pillow releases the GIL while it decodes and resizes).
-        `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
-        of them, but in a multi-process JAX run this process's (`process_rows`).
-        `pixels="uint8"`: uint8 batches (and mixup's weight per row) for a model that normalises
-        and mixes on the device (`keras_vit.training.device_input.DeviceInput`, what the training
-        driver fits); `"float32"` (default): normalised, mixed float32 batches (`TrainBatches`).
+    The arguments and augmentation of `keras_vit.data.tfdata.train_pipeline` (see the module
+    docstring for how the random numbers are drawn); `workers` processes prepare batches ahead
+    (default: the CPUs this process may use; 0: the reading thread makes each batch when read;
+    `keras_vit.data.workers`), the same batches bit for bit.
+    `rows`: the rows of each global batch of `batch_size` this pipeline yields; by default all
+    of them, but in a multi-process JAX run this process's (`process_rows`).
+    `pixels="uint8"`: uint8 batches (and mixup's weight per row) for a model that normalises
+    and mixes on the device (`keras_vit.training.device_input.DeviceInput`, what the training
+    driver fits); `"float32"` (default): normalised, mixed float32 batches (`TrainBatches`).
     """
     crop_scale, flip = training_augmentation(source, crop_scale, flip, start_epoch)
     if mixup_alpha:
@@ -810,27 +846,47 @@ def train_pipeline(
     )
 
 
-class BatchedImages(keras.utils.PyDataset):
+class BatchedImages(PooledItems, keras.utils.PyDataset):
     """One pass over a source in stored order, each image resized whole and rounded to uint8
     values, then normalised: `eval_pipeline`'s result. The last batch keeps the remainder, or
     with `pad` is filled up to `batch_size` with copies of the last example (every batch then
     splits evenly between data-parallel devices; drop the extra predictions). In a
-    multi-process JAX run each batch is this process's rows of it (`process_rows`)."""
+    multi-process JAX run each batch is this process's rows of it (`process_rows`). Made by
+    `workers` worker processes ahead of the reader, as `TrainBatches`."""
 
-    def __init__(self, source: Source, spec: Preprocessing, batch_size: int, pad: bool = False):
+    def __init__(
+        self,
+        source: Source,
+        spec: Preprocessing,
+        batch_size: int,
+        pad: bool = False,
+        workers: int | None = None,
+    ):
         super().__init__()
         self.source, self.spec, self.batch_size, self.pad = source, spec, batch_size, pad
         self.resample = _resampling(spec.interpolation)
+        self.processes = _usable_cpus() if workers is None else non_negative_int("workers", workers)
+        self.pool_length = len(self)
+        # The rows are chosen here: a worker process has no distribution. A size that cannot be
+        # split (an unpadded remainder) raises when its batch is read, as it did.
+        sizes = {batch_size} if pad else {batch_size, source.num_examples - (len(self) - 1) * batch_size}
+        self.rows = {}
+        for size in sizes:
+            try:
+                self.rows[size] = process_rows(size)
+            except Exception:  # noqa: BLE001 - raised again by make_item
+                pass
 
     def __len__(self) -> int:
         return math.ceil(self.source.num_examples / self.batch_size)
 
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def make_item(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """`self[index]`, made here."""
         last = self.source.num_examples - 1
         indices = range(index * self.batch_size, min((index + 1) * self.batch_size, last + 1))
         if self.pad:
             indices = [*indices, *[last] * (self.batch_size - len(indices))]
-        indices = indices[process_rows(len(indices))]
+        indices = indices[self.rows.get(len(indices)) or process_rows(len(indices))]
         images, labels = [], []
         for example in indices:
             loaded = self.source.load(example)
@@ -846,14 +902,14 @@ class BatchedImages(keras.utils.PyDataset):
 
 
 def eval_pipeline(
-    source: Source, spec: Preprocessing, *, batch_size: int, pad: bool = False
+    source: Source, spec: Preprocessing, *, batch_size: int, pad: bool = False, workers: int | None = None
 ) -> BatchedImages:
     """Evaluation batches of `source` with `spec`'s size, normalisation and filter (a plain resize:
     `spec.crop_pct` must be None, as the training driver's evaluation has it); `pad`: every batch
-    full (`BatchedImages`)."""
+    full (`BatchedImages`); `workers`: as `train_pipeline`'s."""
     if spec.crop_pct is not None:
         raise ValueError(
             f"eval_pipeline without TensorFlow resizes the whole image: pass a spec with crop_pct=None, "
             f"not {spec.crop_pct}."
         )
-    return BatchedImages(source, spec, batch_size, pad)
+    return BatchedImages(source, spec, batch_size, pad, workers)
