@@ -70,6 +70,17 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+def pytest_collection_modifyitems(config, items):
+    """On JAX or PyTorch, the tests marked `backend_free` (no Keras in them) are deselected: they compute
+    the same under every backend, and the TensorFlow run runs them."""
+    if keras.backend.backend() == "tensorflow":
+        return
+    dropped = [item for item in items if item.get_closest_marker("backend_free")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker("backend_free")]
+
+
 @pytest.fixture(autouse=True)
 def _float32_policy():
     """Every test starts (and ends) under the float32 policy with fixed seeds."""

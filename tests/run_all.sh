@@ -7,7 +7,8 @@
 # fails at the end, naming the sections that failed. -rs lists every skip; tests/conftest.py fails a skip
 # it does not expect, and a run that collects no test. Arguments go to every pytest run (e.g. -x, -k).
 # TIERS="quick" (tests/run_quick.sh) or TIERS="slow" (tests/run_slow.sh) runs one tier only;
-# SKIP_SECTIONS="JAX slow,PyTorch slow" leaves those sections out (.ci/run: CI's time limit), named at the end.
+# SKIP_SECTIONS="JAX slow,PyTorch slow" leaves those sections out (e.g. a quick check of one backend), named at
+# the end as not run; CI (.ci/run) leaves none out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TIERS=${TIERS:-quick slow}

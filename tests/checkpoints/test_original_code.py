@@ -104,6 +104,7 @@ def test_flax_gelu_is_the_tanh_approximation():
     np.testing.assert_allclose(keras_tanh, flax_gelu, atol=1e-6, rtol=0)
 
 
+@pytest.mark.backend_free  # the reference alone: collected on TensorFlow only
 @pytest.mark.parametrize("kind", ["plain", pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_reference_logits_are_recorded(kind, checkpoints):
     """The reference's logits on its random checkpoint are pinned, independently of keras_vit."""
@@ -135,6 +136,7 @@ def _tiny_timm_vit():
     return writers.perturb_(model)
 
 
+@pytest.mark.backend_free  # the reference alone: collected on TensorFlow only
 def test_reference_with_exact_gelu_is_timm(parity):
     """The transcription's layout (attention, tokens, head) agrees with timm, an independent
     implementation, once its one numerical difference, the tanh GELU, is made exact."""
@@ -174,6 +176,7 @@ def _tiny_timm_hybrid(stages: tuple[int, ...], size):
 STEMS = {"hybrid": (2, 2), "r26": (2, 2, 2, 2), "r50": (3, 4, 9)}
 
 
+@pytest.mark.backend_free  # the reference alone: collected on TensorFlow only
 @pytest.mark.parametrize(
     "stem,size",
     [

@@ -15,7 +15,7 @@ from keras_vit.checkpoints.formats import FORMATS
 from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
 from keras_vit.models.build import build_vit
 from keras_vit.models.hybrid import STEM_NUMERICS, BottleneckUnit, StdConv2D, feature_map_size
-from keras_vit.registry.variants import ViTConfig, get_config
+from keras_vit.registry.variants import ViTConfig, architecture, get_config, variant_for
 
 NPZ_STEM = FORMATS["google_npz"].stem  # how each format names a hybrid's ResNet stem
 TIMM_STEM = FORMATS["timm"].stem
@@ -33,6 +33,10 @@ REFERENCE_PARAMS = {
 # tests/models/test_hybrid.py` lists).
 TOLERANCE = 1e-5
 TOLERANCES = {"vit_r_ti16": 3e-6}  # the stem-only R+Ti: its gaps are ~1.4e-6 at most
+# The big hybrids' parity runs with 2 Transformer blocks (timm's and keras_vit's alike): the claim is the
+# mapping of the real ResNet stem, width, heads and patching, which block 1 repeats for every later block
+# (same keys, same code); 12 blocks cost ~10x the time and check nothing more. R+Ti keeps all 12.
+PARITY_DEPTH = {"vit_r26_s32": 2, "vit_r50_b16": 2}
 # A small hybrid with both unit kinds (projection and identity shortcut) for the cheap tests.
 SMALL = ViTConfig("small_hybrid", 1, 64, 1, 2, 128, resnet_stages=(2, 1))
 
@@ -64,7 +68,10 @@ def _timm_reference(name):
         import torch
 
         torch.manual_seed(0)
-        reference = timm.create_model(HYBRID_TIMM_NAMES[name], pretrained=False, num_classes=1000).eval()
+        reference = timm.create_model(
+            HYBRID_TIMM_NAMES[name], pretrained=False, num_classes=1000, **_depth(name)
+        )
+        reference.eval()
         with torch.no_grad():
             for key, parameter in reference.named_parameters():
                 if "norm" in key:
@@ -80,6 +87,11 @@ def _timm_reference(name):
     return _REFERENCES[name]
 
 
+def _depth(name) -> dict:
+    """timm's and keras_vit's `depth` argument for `name`'s parity models (none: the variant's own)."""
+    return {"depth": PARITY_DEPTH[name]} if name in PARITY_DEPTH else {}
+
+
 def _timm_at(name, size, state):
     """timm's model at another input size, loaded through its own `checkpoint_filter_fn`."""
     import timm
@@ -87,7 +99,7 @@ def _timm_at(name, size, state):
     from timm.models.vision_transformer_hybrid import checkpoint_filter_fn
 
     model = timm.create_model(
-        HYBRID_TIMM_NAMES[name], pretrained=False, num_classes=1000, img_size=size
+        HYBRID_TIMM_NAMES[name], pretrained=False, num_classes=1000, img_size=size, **_depth(name)
     ).eval()
     tensors = {key: torch.from_numpy(value) for key, value in state.items()}
     model.load_state_dict(checkpoint_filter_fn(tensors, model))
@@ -104,7 +116,7 @@ PARITY_CASES = [
     pytest.param("vit_r26_s32", 224, id="vit_r26_s32-224", marks=pytest.mark.slow),  # native
     # 224 checkpoint, position embedding resampled; odd, non-square: TF-SAME padding differs per side
     pytest.param("vit_r26_s32", (225, 289), id="vit_r26_s32-(225, 289)", marks=pytest.mark.slow),
-    # the paper's R50+ViT-B/16 (resized like the R26: same code, 70 s more)
+    # the paper's R50+ViT-B/16 (resized like the R26: same code; R50's stem, B's width and heads)
     pytest.param("vit_r50_b16", 224, id="vit_r50_b16-224", marks=pytest.mark.slow),
     pytest.param("vit_r50_b16", (289, 225), id="vit_r50_b16-(289, 225)", marks=pytest.mark.slow),
     # stem only: timm keys `patch_embed.backbone.conv/norm`
@@ -128,7 +140,9 @@ def test_logits_match_timm(name, size, tmp_path, parity):
     with torch.no_grad():
         expected = reference(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
     assert np.abs(expected).max() > 0.5  # the head and every norm really take part
-    model = keras_vit.create_model(name, image_size=(height, width), classifier_activation=None)  # logits
+    model = keras_vit.create_model(  # logits
+        name, image_size=(height, width), classifier_activation=None, **_depth(name)
+    )
     num_heads = model.get_layer("block_0").num_heads
     files = {
         "timm": writers.save_timm_safetensors(state, tmp_path / "model.safetensors"),
@@ -139,7 +153,9 @@ def test_logits_match_timm(name, size, tmp_path, parity):
     for format_name, path in files.items():
         info = keras_vit.inspect_checkpoint(path)
         grid = (224 // get_config(name).stride,) * 2  # the checkpoint's own grid, whatever the model's
-        assert (info.format, info.variant, info.grid) == (format_name, name, grid)
+        assert (info.format, info.grid, architecture(info)) == (format_name, grid, architecture(model.config))
+        # the variant's architecture: at its own depth, the file would be read as `name`
+        assert variant_for(dataclasses.replace(info, depth=get_config(name).depth)) == name
         # timm's resampling for both files (a Google .npz defaults to the original code's)
         load_into_scrambled(model, path, pos_embed_interpolation="timm")  # nothing left from the last
         tolerance = TOLERANCES.get(name, TOLERANCE)
@@ -148,6 +164,7 @@ def test_logits_match_timm(name, size, tmp_path, parity):
     keras.backend.clear_session()
 
 
+@pytest.mark.backend_free  # timm and the test writer only: collected on TensorFlow only
 @pytest.mark.parametrize("name", [pytest.param("vit_r26_s32", marks=pytest.mark.slow), "vit_r_ti16"])
 def test_google_npz_writer_is_what_timm_loads(name, tmp_path):
     """The .npz the parity test writes is right: timm's own Google-checkpoint loader reproduces the model."""
@@ -158,7 +175,9 @@ def test_google_npz_writer_is_what_timm_loads(name, tmp_path):
     reference, state = _timm_reference(name)
     heads = reference.blocks[0].attn.num_heads
     path = writers.save_npz(writers.timm_to_google_npz(state, heads, groupnorm_4d=True), tmp_path / "m.npz")
-    loaded = timm.create_model(HYBRID_TIMM_NAMES[name], pretrained=False, num_classes=1000).eval()
+    loaded = timm.create_model(
+        HYBRID_TIMM_NAMES[name], pretrained=False, num_classes=1000, **_depth(name)
+    ).eval()
     _load_weights(loaded, str(path))
     images = torch.from_numpy(random_images(1, (224, 224))).permute(0, 3, 1, 2)
     with torch.no_grad():
