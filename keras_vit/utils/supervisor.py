@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["SUPERVISOR_VARIABLE", "attach", "finished", "hand_over", "handing_over", "run"]
 
@@ -46,6 +47,9 @@ _SUSPECT = re.compile(
 )
 # What the child prints when a collective noticed the lost partner first (`ends_together`).
 _LOST_LINE = b"Another process of this multi-process run stopped"
+_OWN_ERROR = re.compile(rb"^keras[-_]vit: error:")
+# How long a child whose partner stopped with an error of its own may take to meet its own.
+_OWN_ERROR_SECONDS = 3.0
 _STOPPED_BY = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
 
 # In a supervised child: the channel to the supervisor (`attach`).
@@ -106,9 +110,12 @@ def finished() -> None:
             _channel.sendall(b"done\n")
 
 
-def partner_news(connection: socket.socket, index: int) -> int | None:
+def partner_news(
+    connection: socket.socket, index: int, on_failed: Callable[[], None] | None = None
+) -> int | None:
     """Block until partner `index` says `done` (`None`), or the index of the process that stopped:
-    `index` when its connection closes first, `k` when it says `lost k` (process 0 relaying)."""
+    `index` when its connection closes first, `k` when it says `lost k` (process 0 relaying).
+    `on_failed` is called when the partner says `failed` (its run stopped with an error of its own)."""
     buffer = b""
     while True:
         try:
@@ -122,6 +129,8 @@ def partner_news(connection: socket.socket, index: int) -> int | None:
             line, buffer = buffer.split(b"\n", 1)
             if line == b"done":
                 return None
+            if line == b"failed" and on_failed is not None:
+                on_failed()
             if line.startswith(b"lost ") and line[5:].isdigit():
                 return int(line[5:])
 
@@ -142,6 +151,7 @@ class _Supervisor:
         self.partners: dict[int, socket.socket] = {}
         self.who: dict[int, str] = {}
         self.lost: int | None = None
+        self.partner_failed = False  # a partner said its run stopped with an error of its own
         self.news = threading.Event()
         self.done = threading.Event()
         self.lock = threading.Lock()
@@ -200,7 +210,7 @@ class _Supervisor:
                         connection.sendall(b"done\n")
 
     def watch(self, index: int, connection: socket.socket) -> None:
-        lost = partner_news(connection, index)
+        lost = partner_news(connection, index, on_failed=self._partner_failed)
         if lost is None or self.done.is_set():
             return
         with self.lock:
@@ -212,6 +222,20 @@ class _Supervisor:
                 with contextlib.suppress(OSError):
                     partner.sendall(f"lost {lost}\n".encode())
         self.news.set()
+
+    def _partner_failed(self) -> None:
+        self.partner_failed = True
+
+    def own_error(self) -> bool:
+        """Whether the child ended with an error of its own: a held `keras-vit: error:` line that is not
+        the line saying another process stopped."""
+        with self.lock:
+            return not self.lost_line and any(_OWN_ERROR.match(line) for line in self.held)
+
+    def tell(self, message: bytes) -> None:
+        for connection in self.partners.values():
+            with contextlib.suppress(OSError):
+                connection.sendall(message)
 
     def close(self) -> None:
         for connection in self.partners.values():
@@ -258,6 +282,9 @@ def run(argv: list[str], index: int, prefix: str = "keras-vit", program: list[st
     try:
         while child.poll() is None:
             if supervisor.news.wait(0.1):
+                if supervisor.partner_failed:  # an error every process meets ends this one too, with its line
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.wait(_OWN_ERROR_SECONDS)
                 child.kill()  # a partner died: stop now (the last complete backup stays)
                 break
             supervisor.release()
@@ -267,6 +294,12 @@ def run(argv: list[str], index: int, prefix: str = "keras-vit", program: list[st
         if status == 0:
             supervisor.release(force=True)
             return 0
+        own_error = status == 1 and supervisor.own_error()
+        if own_error and supervisor.lost is None:
+            supervisor.tell(b"failed\n")  # the partners wait a moment for their own error, if they meet it
+        if own_error and supervisor.partner_failed:
+            supervisor.release(force=True)  # the same refusal as its partner's: its own line
+            return 1
         aborted = status == -signal.SIGABRT or supervisor.lost_line or supervisor.news.is_set()
         if aborted:
             supervisor.news.wait(_GRACE_SECONDS)

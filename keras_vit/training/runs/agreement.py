@@ -235,6 +235,13 @@ class Partners:
         sys.stdout.flush()
         os._exit(1)
 
+    def fail(self) -> None:
+        """This process's run stopped with an error of its own: the partners hear `failed` first, so a
+        refusal every process meets is reported by each in its own words."""
+        for connection in self._connections.values():
+            with contextlib.suppress(OSError):
+                connection.sendall(b"failed\n")
+
     def finish(self) -> None:
         """This process's run ended well: tell the partners, stop watching them."""
         self._finished.set()

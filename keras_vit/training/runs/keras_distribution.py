@@ -322,7 +322,10 @@ def ends_together() -> Iterator[None]:
         if process_count() == 1:
             raise
         atexit.register(_exit_now)  # after the error is reported, before JAX's own exit handler
-        if isinstance(error, Exception) and any(sign in str(error) for sign in _LOST_PARTNER):
+        lost = isinstance(error, Exception) and any(sign in str(error) for sign in _LOST_PARTNER)
+        if _partners is not None and not lost:
+            _partners.fail()  # the others wait a moment for an error of their own (the same refusal)
+        if lost:
             raise RuntimeError(
                 "Another process of this multi-process run stopped (its connection was lost: "
                 f"{str(error).splitlines()[0][:160]}), so this one stops too. Its last complete backup is "
