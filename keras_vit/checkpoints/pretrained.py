@@ -420,12 +420,25 @@ def fetch_pretrained(
     The command line calls it before it imports the backend, so a missing network, an unknown tag or
     a missing file is one line within a second; `resolve_pretrained` then finds the files cached.
     """
-    if source is False or source is None:
-        return
+    if source is not False and source is not None:
+        _find(source, variant, cache_dir)
+
+
+def _find(
+    source, variant: str | None, cache_dir: str | os.PathLike | None
+) -> tuple[str, catalog.CatalogEntry | None, bool, dict | None]:
+    """(weights file, catalog row or None, whether it is in the hub cache, its folder's keras_vit.json
+    record or None) of a `pretrained=` value, downloaded first if needed."""
+    metadata = None
     if isinstance(source, str) and source.startswith(HUB_PREFIX):
-        read_shared(source, variant=variant, cache_dir=cache_dir)
-    else:
-        _locate(source, variant, cache_dir)
+        path, metadata = read_shared(source, variant=variant, cache_dir=cache_dir)
+        return path, None, True, metadata
+    path, entry, from_hub = _locate(source, variant, cache_dir)
+    if os.path.isdir(path):
+        path, metadata = read_shared(path)
+    elif not from_hub:  # the weights file of a save_pretrained folder: that folder's record
+        metadata = _record_of(path)
+    return path, entry, from_hub, metadata
 
 
 def hub_repo_files(
@@ -617,16 +630,7 @@ def resolve_pretrained(
     file is a `ChecksumError` naming it). With `variant`, a checkpoint of another architecture
     is an error naming the factory that fits it.
     """
-    metadata = None
-    if isinstance(source, str) and source.startswith(HUB_PREFIX):
-        path, metadata = read_shared(source, variant=variant, cache_dir=cache_dir)
-        entry, from_hub = None, True
-    else:
-        path, entry, from_hub = _locate(source, variant, cache_dir)
-        if os.path.isdir(path):
-            path, metadata = read_shared(path)
-        elif not from_hub:  # the weights file of a save_pretrained folder: that folder's record
-            metadata = _record_of(path)
+    path, entry, from_hub, metadata = _find(source, variant, cache_dir)
     if metadata is not None and verify:
         verify_shared(Path(path).parent, metadata, complete=not from_hub)
     label = f"checkpoint {entry.tag!r}" if entry else f"checkpoint {os.fspath(source)!r}"

@@ -205,9 +205,7 @@ class _Supervisor:
             buffer += data
             if b"done\n" in buffer:
                 self.done.set()
-                for connection in self.partners.values():
-                    with contextlib.suppress(OSError):
-                        connection.sendall(b"done\n")
+                self.tell(b"done\n")
 
     def watch(self, index: int, connection: socket.socket) -> None:
         lost = partner_news(connection, index, on_failed=self._partner_failed)

@@ -35,6 +35,7 @@ _RETRY_SECONDS = 0.2
 # How long a process whose partner vanished lets its own error (often the same one) be reported first.
 _GRACE_SECONDS = 1.0
 _DONE = b"done\n"
+_FAILED = b"failed\n"
 
 
 def _who(hello: dict) -> str:
@@ -238,19 +239,18 @@ class Partners:
     def fail(self) -> None:
         """This process's run stopped with an error of its own: the partners hear `failed` first, so a
         refusal every process meets is reported by each in its own words."""
-        for connection in self._connections.values():
-            with contextlib.suppress(OSError):
-                connection.sendall(b"failed\n")
+        self._tell(_FAILED)
 
     def finish(self) -> None:
         """This process's run ended well: tell the partners, stop watching them."""
         self._finished.set()
         supervisor.finished()
+        self._tell(_DONE)
+
+    def _tell(self, message: bytes) -> None:
         for connection in self._connections.values():
-            try:
-                connection.sendall(_DONE)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):
+                connection.sendall(message)
 
 
 def agree(
