@@ -56,6 +56,14 @@ from keras_vit.utils.validation import one_of, positive_number
 
 tf = import_tensorflow("keras_vit.data.tfdata (the tf.data input)")
 
+
+def _as_written(function: Callable) -> Callable:
+    """`function` for tf.data to trace as written, without AutoGraph: the functions here branch on
+    tensors with `tf.cond` and friends only, so converting them buys nothing and cost ~0.5 s of
+    every process's start-up (`benchmarks/input.py`, the path to the first batch)."""
+    return tf.autograph.experimental.do_not_convert(function)
+
+
 __all__ = [
     "BAD_IMAGE_ACTIONS",
     "BadImageError",
@@ -121,10 +129,12 @@ class Source(SourceInfo):
         files that fail to decode handled by `bad_images`: `skipping`)."""
         if self.lookup is not None:
             examples = tf.data.Dataset.range(self.num_examples).map(
-                lambda index: (*self.lookup(index), index), num_parallel_calls=AUTOTUNE, deterministic=True
+                _as_written(lambda index: (*self.lookup(index), index)),
+                num_parallel_calls=AUTOTUNE,
+                deterministic=True,
             )
             return skipping(examples, 0, self.bad_images)
-        return self.records().map(self.decode, num_parallel_calls=AUTOTUNE)
+        return self.records().map(_as_written(self.decode), num_parallel_calls=AUTOTUNE)
 
 
 def skipping(examples: tf.data.Dataset, first: int, bad_images: BadImages | None) -> tf.data.Dataset:
@@ -138,7 +148,7 @@ def skipping(examples: tf.data.Dataset, first: int, bad_images: BadImages | None
     input fills the place instead and stays exact).
     """
     if bad_images is None or bad_images.action == "stop":
-        return examples.map(lambda image, label, position: (image, label))
+        return examples.map(_as_written(lambda image, label, position: (image, label)))
     skipped = tf.Variable(tf.constant(0, tf.int64), trainable=False)
     bad_images.add_counter(lambda: skipped.numpy())
 
@@ -151,7 +161,7 @@ def skipping(examples: tf.data.Dataset, first: int, bad_images: BadImages | None
         return image, label
 
     examples = examples.ignore_errors(log_warning=True)
-    return examples.scan(tf.constant(first, tf.int64), gap).map(count)
+    return examples.scan(tf.constant(first, tf.int64), _as_written(gap)).map(_as_written(count))
 
 
 def _as_rgb(image: tf.Tensor) -> tf.Tensor:
@@ -356,7 +366,7 @@ def _pass_records(source: Source, shuffle_key: tf.Tensor, shuffle_buffer: int) -
         return tf.nest.map_structure(lambda part: tf.gather(part, order), window)
 
     windows = source.records().batch(shuffle_buffer).enumerate()
-    return windows.map(shuffle_window).unbatch()
+    return windows.map(_as_written(shuffle_window)).unbatch()
 
 
 def _crop_box(shape: tf.Tensor, key: tf.Tensor, crop_scale, crop_ratio) -> tuple[tf.Tensor, tf.Tensor]:
@@ -498,7 +508,7 @@ def train_pipeline(
 
     def one_pass(pass_index):
         records = _pass_records(source, _fold(base_key, _SHUFFLE_STREAM, pass_index), shuffle_buffer)
-        return records.enumerate().map(lambda position, record: (pass_index, position, record))
+        return records.enumerate().map(_as_written(lambda position, record: (pass_index, position, record)))
 
     def example(pass_index, position, record):
         stream_position = pass_index * source.num_examples + position
@@ -527,8 +537,8 @@ def train_pipeline(
             return tf.cast(tf.round(image), tf.uint8), label
         return normalise(image), label
 
-    stream = tf.data.Dataset.counter(first_pass).flat_map(one_pass).skip(offset)
-    stream = stream.map(example, num_parallel_calls=AUTOTUNE, deterministic=True)
+    stream = tf.data.Dataset.counter(first_pass).flat_map(_as_written(one_pass)).skip(offset)
+    stream = stream.map(_as_written(example), num_parallel_calls=AUTOTUNE, deterministic=True)
     stream = skipping(stream, first_pass * source.num_examples + offset, source.bad_images)
     stream = stream.batch(batch_size, drop_remainder=True)
     if mixup_alpha:
@@ -537,7 +547,9 @@ def train_pipeline(
             mix = _mixup_weights(mixup_alpha, mix_key)
         else:
             mix = _mixup(mixup_alpha, source.num_classes, mix_key)
-        stream = stream.enumerate(start=int(start_epoch) * steps).map(mix, num_parallel_calls=AUTOTUNE)
+        stream = stream.enumerate(start=int(start_epoch) * steps).map(
+            _as_written(mix), num_parallel_calls=AUTOTUNE
+        )
     stream = stream.prefetch(AUTOTUNE)
     # Every worker computes the same global stream and keeps its share: DATA sharding.
     return _with_policy(stream, ShardPolicy.DATA)
@@ -545,7 +557,9 @@ def train_pipeline(
 
 def images_only(batches: tf.data.Dataset) -> tf.data.Dataset:
     """`train_pipeline`'s batches without their labels (unlabeled pre-training)."""
-    return batches.map(lambda images, labels: images[IMAGES] if isinstance(images, dict) else images)
+    return batches.map(
+        _as_written(lambda images, labels: images[IMAGES] if isinstance(images, dict) else images)
+    )
 
 
 def eval_pipeline(
@@ -589,11 +603,11 @@ def eval_pipeline(
     def resize(image, label):
         return preprocessing.resize(image[None])[0], label
 
-    dataset = source.dataset.map(resize, num_parallel_calls=AUTOTUNE)
+    dataset = source.dataset.map(_as_written(resize), num_parallel_calls=AUTOTUNE)
     if cache:
         dataset = dataset.cache()
     dataset = dataset.map(
-        lambda image, label: (preprocessing.normalize(image), label), num_parallel_calls=AUTOTUNE
+        _as_written(lambda image, label: (preprocessing.normalize(image), label)), num_parallel_calls=AUTOTUNE
     )
     dataset = dataset.batch(batch_size).prefetch(AUTOTUNE)
     return _with_policy(dataset, source.shard_policy)

@@ -127,3 +127,52 @@ def test_jpeg_crop_decoded_at_reduced_scale_equals_the_full_decode_within_tolera
             assert difference.max() == 0
         else:
             assert 0 < difference.mean() <= 2 and difference.max() <= 16
+
+
+def _jpeg_variants(root):
+    """JPEGs as cameras and tools write them: subsamplings, progressive, grayscale, CMYK, EXIF and
+    ICC segments, restart markers; each `(path, (height, width))`."""
+    rng = np.random.default_rng(2)
+    rgb = Image.fromarray(rng.integers(0, 256, (37, 53, 3)).astype("uint8"))
+    exif = Image.Exif()
+    exif[0x010F] = "camera" * 2000  # a large APP1 segment before the frame header
+    variants = {
+        "420": (rgb, {"subsampling": 2}),
+        "444": (rgb, {"subsampling": 0}),
+        "progressive": (rgb, {"progressive": True}),
+        "gray": (rgb.convert("L"), {}),
+        "cmyk": (rgb.convert("CMYK"), {}),
+        "exif-icc": (rgb, {"exif": exif, "icc_profile": b"\0" * 5000}),
+        "restarts": (rgb, {"restart_marker_blocks": 1}),
+    }
+    paths = []
+    for name, (picture, options) in variants.items():
+        path = root / f"{name}.jpg"
+        picture.save(path, quality=90, **options)
+        paths.append((path, (picture.height, picture.width)))
+    return paths
+
+
+def test_jpeg_header_size_agrees_with_pillow(tmp_path):
+    for path, size in _jpeg_variants(tmp_path):
+        with open(path, "rb") as file:
+            assert pyinput._jpeg_size(file) == size, path.name
+        assert pyinput.image_problem(str(path), None) is None
+    png = tmp_path / "picture.jpg"  # a PNG named .jpg: not a JPEG header, so Pillow judges it
+    Image.new("RGB", (5, 4)).save(png, format="PNG")
+    with open(png, "rb") as file:
+        assert pyinput._jpeg_size(file) is None
+    assert pyinput.image_problem(str(png), None) is None
+
+
+def test_jpeg_header_check_refuses_too_many_pixels_and_a_lost_end(tmp_path):
+    path, (height, width) = _jpeg_variants(tmp_path)[0]
+    assert pyinput.image_problem(str(path), height * width - 1).startswith(
+        f"ImageTooLargeError: it is {width}x{height} = {height * width:,} pixels, more than the limit"
+    )
+    data = path.read_bytes()
+    for cut in (data[:-2], data[: len(data) // 2]):  # without its end-of-image marker: decoded in full
+        path.write_bytes(cut)
+        assert pyinput.image_problem(str(path), None).startswith("OSError: image file is truncated")
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    assert pyinput.image_problem(str(tmp_path / "empty.jpg"), None).startswith("UnidentifiedImageError")
