@@ -11,6 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.checkpoints.pos_embed import resize_pos_embed
+from keras_vit.models import eager_torch
 from keras_vit.models.attention import checked_implementation, choose_attention, fused_attention
 from keras_vit.registry.catalog import normalize
 
@@ -269,6 +270,13 @@ class PositionEmbedding(keras.layers.Layer):
         return config
 
 
+def _dropped(layer: keras.layers.Layer, rate: float, inputs, training):
+    """`layer(inputs)` for a dropout-like layer, skipped where it would return `inputs` (rate 0, or
+    not training): Keras's work per layer call is ~0.1 ms in eager PyTorch, a third of a
+    ViT's layer calls are these, and they dominate a GPU step there (benchmarks/torch_overhead.py)."""
+    return layer(inputs, training=training) if training and rate else inputs
+
+
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class DropPath(keras.layers.Layer):
     """Stochastic depth: drops a whole residual branch per sample with probability `rate`."""
@@ -445,7 +453,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))  # einsum is slow in bfloat16
         scores = ops.softmax(ops.cast(logits, _statistics_dtype(logits.dtype)), axis=-1)
         scores = ops.cast(scores, self.compute_dtype)
-        return ops.matmul(self.dropout_layer(scores, training=training), value), scores
+        return ops.matmul(_dropped(self.dropout_layer, self.dropout, scores, training), value), scores
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -562,19 +570,22 @@ class TransformerBlock(keras.layers.Layer):
         self.drop_path_layer.build(input_shape)
 
     def call(self, tokens, training=None, return_attention_scores: bool = False):
+        if eager_torch.applies(self, training, return_attention_scores):
+            return eager_torch.block_call(self, tokens, training)
         attended = self.attention(
             self.norm1(tokens), training=training, return_attention_scores=return_attention_scores
         )
         if return_attention_scores:
             attended, scores = attended
-        attended = self.dropout_layer(attended, training=training)
-        tokens = tokens + self.drop_path_layer(attended, training=training)
+        attended = _dropped(self.dropout_layer, self.dropout, attended, training)
+        tokens = tokens + _dropped(self.drop_path_layer, self.drop_path, attended, training)
 
         hidden = ops.reshape(self.norm2(tokens), (-1, tokens.shape[-1]))
         hidden = _gelu(self.fc1(hidden), self.approximate_gelu, training)
-        hidden = self.dropout_layer(hidden, training=training)
-        hidden = self.dropout_layer(self.fc2(hidden), training=training)
-        tokens = tokens + self.drop_path_layer(ops.reshape(hidden, ops.shape(tokens)), training=training)
+        hidden = _dropped(self.dropout_layer, self.dropout, hidden, training)
+        hidden = _dropped(self.dropout_layer, self.dropout, self.fc2(hidden), training)
+        hidden = ops.reshape(hidden, ops.shape(tokens))
+        tokens = tokens + _dropped(self.drop_path_layer, self.drop_path, hidden, training)
         return (tokens, scores) if return_attention_scores else tokens
 
     def compute_output_shape(self, input_shape):

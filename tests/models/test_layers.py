@@ -295,6 +295,82 @@ def test_training_block_has_the_inference_values_and_gradients(rng):
         np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-5 * scale, rtol=0, err_msg=name)
 
 
+_TORCH_ONLY = pytest.mark.skipif(
+    keras.backend.backend() != "torch", reason="PyTorch backend only: the eager fast path is PyTorch's"
+)
+
+
+def _block_results(block, tokens, monkeypatch, fast: bool) -> list:
+    """Outputs and the gradients of the input and every weight, training and not, through the eager
+    PyTorch path (`fast`) or the `keras.ops` path, and how often the eager path ran."""
+    from keras_vit.models import eager_torch
+
+    ran, original = [], eager_torch.block_call
+    if fast:
+        monkeypatch.setattr(eager_torch, "block_call", lambda *a: ran.append(1) or original(*a))
+    else:
+        monkeypatch.setattr(eager_torch, "applies", lambda *a: False)
+    results = []
+    for training in (True, False):
+        inputs = tokens.clone().requires_grad_(True)
+        output = block(inputs, training=training)
+        loss = (output.float() * torch.sin(output.float())).sum()
+        grads = torch.autograd.grad(loss, [inputs, *(weight.value for weight in block.trainable_weights)])
+        results += [output.detach().float().numpy(), *(grad.float().numpy() for grad in grads)]
+    monkeypatch.undo()
+    return results, len(ran)
+
+
+@_TORCH_ONLY
+def test_eager_torch_block_equals_the_keras_ops_path(rng, monkeypatch):
+    """On PyTorch a plain block runs `eager_torch.block_call` (less host work per call): its outputs and
+    gradients are bit for bit the `keras.ops` path's, float32 and mixed bfloat16, both attentions, LoRA."""
+    for policy, attention, lora in [
+        ("float32", "auto", False),
+        ("float32", "plain", False),
+        ("mixed_bfloat16", "auto", False),
+        ("mixed_bfloat16", "plain", False),
+        ("float32", "auto", True),
+    ]:
+        keras.config.set_dtype_policy(policy)
+        block = TransformerBlock(3, 48, attention_implementation=attention)
+        block.build((2, 9, 24))
+        _randomize(block, rng, scale=0.5)
+        if lora:
+            for layer in (block.fc1, block.attention.query_dense):
+                layer.enable_lora(2)
+                layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
+        tokens = torch.tensor(rng.normal(0, 2, size=(2, 9, 24)).astype("float32")).to(
+            {"float32": torch.float32, "bfloat16": torch.bfloat16}[block.compute_dtype]
+        )
+        fast, calls = _block_results(block, tokens, monkeypatch, fast=True)
+        plain, _ = _block_results(block, tokens, monkeypatch, fast=False)
+        assert calls == 2, (policy, attention, lora)
+        for got, expected in zip(fast, plain, strict=True):
+            np.testing.assert_array_equal(got, expected, err_msg=f"{policy} {attention} lora={lora}")
+
+
+@_TORCH_ONLY
+def test_eager_torch_block_leaves_what_it_does_not_compute_to_the_sublayers():
+    """Dropout or stochastic depth while training, attention scores, quantized kernels and padded
+    attention run the `keras.ops` path (the sublayers' own calls)."""
+    from keras_vit.models import eager_torch
+
+    def block(**options):
+        layer = TransformerBlock(3, 48, **options)
+        layer.build((2, 9, 24))
+        return layer
+
+    assert eager_torch.applies(block(), True, False) and eager_torch.applies(block(dropout=0.1), False, False)
+    assert not eager_torch.applies(block(), False, True)
+    for option in ("dropout", "attention_dropout", "drop_path"):
+        assert not eager_torch.applies(block(**{option: 0.1}), True, False), option
+    assert not eager_torch.applies(block(attention_implementation="fused_padded"), False, False)
+    quantized = block()
+    quantized.fc1.quantize("int8")
+    assert not eager_torch.applies(quantized, False, False)
+
+
 def test_transformer_block_attention_scores_are_softmax_qk(rng):
     dim, num_heads, length = 24, 3, 7
     head_dim = dim // num_heads
