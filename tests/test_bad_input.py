@@ -28,8 +28,8 @@ from timm.models.vision_transformer import VisionTransformer
 import keras_vit
 from keras_vit import cli
 from keras_vit.checkpoints import CheckpointError, load_checkpoint, read_checkpoint
+from keras_vit.checkpoints.common import stem_name_map, stem_weights
 from keras_vit.checkpoints.formats import FORMATS
-from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
 from keras_vit.data import pyinput
 from keras_vit.data import tfdata as data
 from keras_vit.data.preprocessing import ImageTooLargeError, load_image, preprocess_input

@@ -11,7 +11,7 @@ One module per format (`format_google_npz`, `format_timm`, `format_hf`) declares
 per tensor, and the writer that runs the map backwards); `formats.FORMATS` lists them for the
 loader, the writers, sharing and the CLI. `loading` applies the rules common to all
 (position-embedding resizing with `pos_embed`, head and pre-logits skipping, input-channel
-adaptation, strict shape checks); `resnet_stem` maps the hybrids' stems. `reading` opens `.npz`,
+adaptation, strict shape checks); `common` also holds the hybrids' stem name map. `reading` opens `.npz`,
 `.safetensors` and PyTorch `.bin` files without importing torch and without unpickling arbitrary
 objects. `pretrained` resolves a `pretrained=` value (catalog tag, file, hub id) to a checked local
 file and loads it (`load_weights`). Names load on first use.

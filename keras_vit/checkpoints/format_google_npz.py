@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keras_vit.checkpoints import common, resnet_stem
+from keras_vit.checkpoints import common
 from keras_vit.checkpoints.common import Conversion, keep, rules
 from keras_vit.checkpoints.errors import CheckpointError
 from keras_vit.checkpoints.write_common import (
@@ -189,7 +189,7 @@ def normalise(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def is_stem_key(key: str) -> bool:
     """Whether a (normalised) key belongs to a hybrid's ResNet stem (`conv_root`, `block1/unit1/...`)."""
-    return resnet_stem.is_stem_key(key, STEM)
+    return common.is_stem_key(key, STEM)
 
 
 def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:
@@ -202,9 +202,11 @@ def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:
 
 
 def convert(flat: Mapping[str, np.ndarray], num_heads: int | None) -> Conversion:
-    """Canonical tensors of a normalised Google checkpoint (stem keys removed); heads are in the file."""
+    """Canonical tensors of a normalised Google checkpoint (stem keys set apart); heads are in the file."""
     top = _TOP if "cls" in flat else _TOP_WITHOUT_CLASS_TOKEN
-    return common.apply_name_maps(flat, top=top, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads)
+    return common.apply_name_maps(
+        flat, top=top, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads, stem=is_stem_key
+    )
 
 
 # ---- writing ----
@@ -263,7 +265,6 @@ FORMAT = common.CheckpointFormat(
     stem=STEM,
     matches=matches,
     normalise=normalise,
-    is_stem_key=is_stem_key,
     num_heads=num_heads,
     convert=convert,
     check=check,

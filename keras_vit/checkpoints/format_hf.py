@@ -144,6 +144,7 @@ def convert(flat: Mapping[str, np.ndarray], num_heads: int | None) -> Conversion
         block=_BLOCK_MAP,
         num_heads=num_heads,
         ignore=lambda key: key in _IGNORED,
+        stem=is_stem_key,
     )
 
 
@@ -262,7 +263,6 @@ FORMAT = common.CheckpointFormat(
     stem=None,
     matches=matches,
     normalise=normalise,
-    is_stem_key=is_stem_key,
     num_heads=num_heads,
     convert=convert,
     check=check,

@@ -15,7 +15,7 @@ into key and value, `attn_pool.proj`, `attn_pool.norm`, `attn_pool.mlp`) fills t
 Writing: a keras_vit model as a timm checkpoint: `model.safetensors` + timm's `config.json`.
 
 The reading maps run backwards (its name maps run backwards; the hybrid stem by
-`resnet_stem.stem_name_map`). `config.json` is what timm's `push_to_hf_hub` writes:
+`common.stem_name_map`). `config.json` is what timm's `push_to_hf_hub` writes:
 `architecture` (a registered timm model), `num_classes`, `global_pool`, `model_args` (every
 size, so any keras_vit architecture rebuilds: `timm.create_model("hf-hub:org/name")` or
 `"local-dir:/path"`) and `pretrained_cfg` with the preprocessing (input size, mean/std,
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from safetensors.numpy import save_file
 
-from keras_vit.checkpoints import common, resnet_stem
+from keras_vit.checkpoints import common
 from keras_vit.checkpoints.common import (
     Conversion,
     compose,
@@ -158,7 +158,7 @@ def normalise(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def is_stem_key(key: str) -> bool:
     """Whether a key belongs to a hybrid's ResNet backbone (`patch_embed.backbone.*`)."""
-    return resnet_stem.is_stem_key(key, STEM)
+    return common.is_stem_key(key, STEM)
 
 
 def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:
@@ -167,8 +167,10 @@ def num_heads(flat: Mapping[str, np.ndarray]) -> int | None:
 
 
 def convert(flat: Mapping[str, np.ndarray], num_heads: int | None) -> Conversion:
-    """Canonical tensors of a timm state dict (stem keys removed), attention split into `num_heads` heads."""
-    return common.apply_name_maps(flat, top=_TOP, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads)
+    """Canonical tensors of a timm state dict (stem keys set apart), attention split into `num_heads`."""
+    return common.apply_name_maps(
+        flat, top=_TOP, block_pattern=_BLOCK, block=_BLOCK_MAP, num_heads=num_heads, stem=is_stem_key
+    )
 
 
 # ---- writing ----
@@ -333,7 +335,6 @@ FORMAT = common.CheckpointFormat(
     stem=STEM,
     matches=matches,
     normalise=normalise,
-    is_stem_key=is_stem_key,
     num_heads=num_heads,
     convert=convert,
     check=check,

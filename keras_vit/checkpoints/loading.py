@@ -1,4 +1,10 @@
-"""Recognise a checkpoint's format, describe its architecture, and load it into a keras_vit model."""
+"""Recognise a checkpoint's format, describe its architecture, and load it into a keras_vit model.
+
+`inspect_checkpoint` says what model a checkpoint fits (`CheckpointInfo`), `load_checkpoint` loads
+one into a model; `Checkpoint`, what `checkpoints.pretrained.resolve_pretrained` returns, is a
+checkpoint read into memory that answers the arguments of the model it fits (`model_kwargs`) and
+loads into it (`load_into`).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keras_vit.checkpoints import common, format_timm, resnet_stem
+from keras_vit.checkpoints import common, format_timm
 from keras_vit.checkpoints.common import CanonicalTensor, CheckpointFormat, Conversion
 from keras_vit.checkpoints.errors import CheckpointError
 from keras_vit.checkpoints.formats import FORMATS
@@ -25,7 +31,10 @@ from keras_vit.registry.variants import NUMERICS, WIDTHS, ViTConfig, config_of, 
 if TYPE_CHECKING:  # loading needs a model's variables, not Keras: resolving a checkpoint stays Keras-free
     import keras
 
+    from keras_vit.registry.catalog import CatalogEntry
+
 __all__ = [
+    "Checkpoint",
     "CheckpointInfo",
     "detect_format",
     "inspect_checkpoint",
@@ -100,8 +109,6 @@ class _Checkpoint:
     stored_heads: int | None  # from the weights' shapes or config.json; None if not recorded
     stored_grid: tuple[int, int] | None  # from config.json; None if not recorded
     label: str
-    stem: dict[str, np.ndarray]  # a hybrid's ResNet stem weights, by checkpoint key; empty if plain
-    resnet_stages: tuple[int, ...] | None
     numerics: str  # the source's (`source_numerics`)
 
     @property
@@ -187,7 +194,7 @@ def _read(source, format: str | None, hf_config: Mapping | None = None) -> _Chec
 def _prepare(
     state: Mapping, format: str | None, label: str, path: Path | None = None, hf_config: Mapping | None = None
 ) -> _Checkpoint:
-    """A state dict split into its format's flat names and its ResNet stem, with what it says of itself."""
+    """A state dict in its format's flat names, with what it says of itself."""
     state = {str(key): np.asarray(value) for key, value in state.items()}
     if format is None:
         format = detect_format(state)
@@ -198,17 +205,24 @@ def _prepare(
         config = read_hf_config(path) if hf_config is None and path is not None else dict(hf_config or {})
     row = FORMATS[format]
     flat = row.normalise(state)
-    stem = {key: flat.pop(key) for key in [key for key in flat if row.is_stem_key(key)]}
-    if stem and row.stem is None:
-        hybrid_formats = sorted(name for name, other in FORMATS.items() if other.stem is not None)
-        raise CheckpointError(
-            f"The {format} checkpoint {label} has ResNet stem keys such as {sorted(stem)[:3]}: hybrid "
-            f"ResNet+ViT checkpoints load from the {hybrid_formats} formats only."
-        )
-    stages = resnet_stem.resnet_stages(stem, row.stem) if stem else None
     stored_heads = row.num_heads(flat) or config.get("num_attention_heads")
     numerics = source_numerics(format, config)
-    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label, stem, stages, numerics)
+    return _Checkpoint(format, flat, stored_heads, _config_grid(config), label, numerics)
+
+
+def _resnet_stages(checkpoint: _Checkpoint, conversion: Conversion) -> tuple[int, ...] | None:
+    """The units per stage of the checkpoint's ResNet stem (`None`: a plain ViT); stem keys in a
+    format that holds no hybrids are a `CheckpointError`."""
+    stem, layout = conversion.stem, checkpoint.row.stem
+    if not stem:
+        return None
+    if layout is None:
+        hybrid_formats = sorted(name for name, other in FORMATS.items() if other.stem is not None)
+        raise CheckpointError(
+            f"The {checkpoint.format} checkpoint {checkpoint.label} has ResNet stem keys such as "
+            f"{sorted(stem)[:3]}: hybrid ResNet+ViT checkpoints load from the {hybrid_formats} formats only."
+        )
+    return common.resnet_stages(stem, layout)
 
 
 def _default_heads(hidden_size: int) -> int:
@@ -293,6 +307,7 @@ def _check_layout(model: keras.Model, checkpoint: _Checkpoint, conversion: Conve
 
 
 def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
+    resnet_stages = _resnet_stages(checkpoint, conversion)
     tensors = conversion.tensors
     needed = (common.PATCH_KERNEL, common.POS_EMBED, "block_0/fc1/kernel")
     missing = [name for name in needed if name not in tensors]
@@ -327,7 +342,7 @@ def _info(checkpoint: _Checkpoint, conversion: Conversion) -> CheckpointInfo:
         num_classes=None if head is None else int(head.value.shape[-1]),
         representation_size=None if pre_logits is None else int(pre_logits.value.shape[-1]),
         variant=None,
-        resnet_stages=checkpoint.resnet_stages,
+        resnet_stages=resnet_stages,
         **layout,
         numerics=checkpoint.numerics,
     )
@@ -366,12 +381,15 @@ def _source_grid(pos_embed: np.ndarray, checkpoint: _Checkpoint, layer) -> tuple
         raise
 
 
-def _stem_assignments(model: keras.Model, checkpoint: _Checkpoint) -> list[tuple[keras.Variable, np.ndarray]]:
+def _stem_assignments(
+    model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion
+) -> list[tuple[keras.Variable, np.ndarray]]:
     """The (variable, value) pairs of a hybrid's ResNet stem; an error if only one side is hybrid."""
     model_is_hybrid = model.config.is_hybrid
-    if not checkpoint.stem and not model_is_hybrid:
+    stages = _resnet_stages(checkpoint, conversion)
+    if stages is None and not model_is_hybrid:
         return []
-    if not checkpoint.stem:
+    if stages is None:
         raise CheckpointError(
             f"Model {model.name!r} is a hybrid ResNet+ViT but the {checkpoint.format} checkpoint "
             f"{checkpoint.label} is a plain ViT (no ResNet stem weights): build the plain variant."
@@ -379,10 +397,10 @@ def _stem_assignments(model: keras.Model, checkpoint: _Checkpoint) -> list[tuple
     if not model_is_hybrid:
         raise CheckpointError(
             f"The {checkpoint.format} checkpoint {checkpoint.label} is a hybrid ResNet+ViT (ResNet stages "
-            f"{checkpoint.resnet_stages}, keys such as {sorted(checkpoint.stem)[:2]}) but model "
+            f"{stages}, keys such as {sorted(conversion.stem)[:2]}) but model "
             f"{model.name!r} is a plain ViT: build the hybrid (e.g. keras_vit.vit_r50_b16)."
         )
-    return resnet_stem.stem_weights(checkpoint.stem, checkpoint.row.stem, model)
+    return common.stem_weights(conversion.stem, checkpoint.row.stem, model)
 
 
 def _model_summary(config: ViTConfig) -> str:
@@ -480,10 +498,129 @@ def load_state(
     label: str,
     pos_embed_interpolation: str | None = None,
 ) -> None:
-    """`load_checkpoint` of a state dict already read (`pretrained.Checkpoint.load_into`), its errors
+    """`load_checkpoint` of a state dict already read (`Checkpoint.load_into`), its errors
     naming the checkpoint as `label` (e.g. "checkpoint 'vit_b16.augreg_in21k'")."""
     checkpoint = _prepare(state, format, label)
     _load(model, checkpoint, pos_embed_interpolation)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read into memory, with where it came from and what it holds.
+
+    `entry` is its catalog row (`None` for a file or repo outside the catalog), `metadata` the
+    `keras_vit.json` of a folder or Hub repo that keras_vit wrote (`None` otherwise).
+    """
+
+    state: dict[str, np.ndarray]
+    info: CheckpointInfo
+    entry: CatalogEntry | None
+    label: str
+    metadata: dict | None = None
+
+    @property
+    def tag(self) -> str | None:
+        """The catalog tag whose preprocessing and labels the weights take (the row's, the saved model's)."""
+        if self.entry is not None:
+            return self.entry.tag
+        return (self.metadata or {}).get("model", {}).get("pretrained_tag")
+
+    @property
+    def numerics(self) -> str:
+        """The `ViTConfig.numerics` of the checkpoint's source: the catalog row's, else the file's."""
+        return self.info.numerics if self.entry is None else self.entry.numerics
+
+    def model_kwargs(self, config: ViTConfig, kwargs: Mapping | None = None) -> dict:
+        """The keywords of `build_vit(config, **kwargs)` for a model that fits this checkpoint, asked once.
+
+        `kwargs` are the caller's (`ViT` arguments and `ViTConfig` fields, as `create_model`
+        takes them; `None` for `image_size`, `num_classes`, `include_top`,
+        `representation_size` or `name` means unset). What the caller leaves unset the
+        checkpoint gives: its token layout (`class_token`; `pooling` if the [class] token
+        agrees; `fc_norm` for `"gap"` pooling), its `numerics`, its resolution as `image_size`
+        (a user's size resizes the position embedding), its head (no head, e.g. `orig_in21k`,
+        gives `include_top=False` unless `num_classes` is given; a user's `num_classes` gives a
+        fresh zero head), its pre-logits width (`representation_size=0` drops it) and, for a
+        catalog tag, the `name`.
+        """
+        kwargs = {
+            key: value
+            for key, value in (kwargs or {}).items()
+            if value is not None or key in _NONE_IS_A_VALUE
+        }
+        layout = self.info.layout
+        kwargs.setdefault("class_token", layout["class_token"])
+        if kwargs["class_token"] == layout["class_token"]:
+            kwargs.setdefault("pooling", layout["pooling"])
+        if kwargs.get("pooling") == "gap":
+            kwargs.setdefault("fc_norm", layout["fc_norm"])
+        kwargs.setdefault("numerics", self.numerics)
+        if self.entry is not None:
+            kwargs.setdefault("image_size", self.entry.resolution)
+        else:
+            kwargs.setdefault("image_size", tuple(side * config.stride for side in self.info.grid))
+        has_head = self.info.num_classes is not None
+        include_top = kwargs.setdefault("include_top", has_head or "num_classes" in kwargs)
+        if include_top and "num_classes" not in kwargs:
+            if not has_head:
+                raise ValueError(
+                    f"{self.label} has no classification head: pass num_classes=<your classes> for a "
+                    "new zero-initialised head, or leave include_top unset to get features."
+                )
+            kwargs["num_classes"] = self.info.num_classes
+        stored = self.info.representation_size
+        wanted = kwargs.get("representation_size", stored)
+        if wanted and wanted != stored:
+            has = "no pre-logits layer" if stored is None else f"a pre-logits layer of width {stored}"
+            raise ValueError(
+                f"{self.label} has {has}, not one of width {wanted}: leave representation_size unset "
+                "to build the model as the checkpoint has it, or pass 0 to drop it."
+            )
+        kwargs["representation_size"] = wanted or None
+        if self.entry is not None:
+            kwargs.setdefault("name", self.entry.tag)
+        return kwargs
+
+    def model_arguments(
+        self,
+        config: ViTConfig,
+        image_size,
+        num_classes: int | None,
+        include_top: bool | None,
+        representation_size: int | None,
+    ) -> tuple[int | tuple[int, int], int | None, bool, int | None]:
+        """Deprecated: `model_kwargs`, which answers every argument at once."""
+        warnings.warn(
+            "Checkpoint.model_arguments is deprecated: use Checkpoint.model_kwargs.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        given = dict(
+            image_size=image_size,
+            num_classes=num_classes,
+            include_top=include_top,
+            representation_size=representation_size,
+        )
+        kwargs = self.model_kwargs(config, given)
+        return (
+            kwargs["image_size"],
+            kwargs.get("num_classes"),
+            kwargs["include_top"],
+            kwargs["representation_size"],
+        )
+
+    def load_into(self, model: keras.Model, pos_embed_interpolation: str | None = None) -> None:
+        """Copy the weights into `model` (position embedding resized, other-sized head skipped).
+
+        `pos_embed_interpolation`: as `load_checkpoint` (default: the source's own resampling).
+        """
+        load_state(model, self.state, self.info.format, self.label, pos_embed_interpolation)
+        model.pretrained_tag = self.tag
+
+
+# `Checkpoint.model_kwargs`: keywords whose `None` is a value (no pooling: the token sequence),
+# not "unset"; every other `None` lets the checkpoint decide.
+_NONE_IS_A_VALUE = ("pooling", "classifier_activation", "pretrained_tag", "quantization")
 
 
 def _load(model: keras.Model, checkpoint: _Checkpoint, pos_embed_interpolation: str | None) -> None:
@@ -538,7 +675,7 @@ def _plan(model: keras.Model, checkpoint: _Checkpoint, conversion: Conversion, m
     tensors = conversion.tensors
     targets = common.model_targets(model)
     skip_head, skip_pre_logits, notes = _skipped_parts(model, tensors)
-    plan = _Plan(_stem_assignments(model, checkpoint), notes)
+    plan = _Plan(_stem_assignments(model, checkpoint, conversion), notes)
     plan.unused = [_describe_key(key, checkpoint.flat) for key in conversion.unused]
     for name, tensor in tensors.items():
         if (name.startswith("head/") and skip_head) or (name.startswith("pre_logits/") and skip_pre_logits):

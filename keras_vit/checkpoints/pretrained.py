@@ -2,8 +2,9 @@
 
 The catalog itself (the rows of `weights/catalog.json`, tags, default tags, preprocessing and
 labels) is `keras_vit.registry.catalog`, pure data below everything; this module resolves a
-`pretrained=` value to a `Checkpoint` (downloading it if needed) and answers, once, what model
-fits it (`Checkpoint.model_kwargs`). `keras_vit.models.build_with_checkpoint` builds and loads
+`pretrained=` value to a `Checkpoint` (downloading it if needed; the class is
+`keras_vit.checkpoints.loading`'s), which answers, once, what model fits it
+(`Checkpoint.model_kwargs`). `keras_vit.models.build_with_checkpoint` builds and loads
 that model for `create_model(..., pretrained=)` and `keras_vit.load_pretrained`;
 `load_weights` loads into a model that exists.
 
@@ -42,7 +43,6 @@ import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,7 +57,7 @@ from keras_vit.checkpoints import (
     inspect_checkpoint,
     read_checkpoint,
 )
-from keras_vit.checkpoints.loading import load_state, read_hf_config
+from keras_vit.checkpoints.loading import Checkpoint, read_hf_config
 from keras_vit.registry import catalog
 from keras_vit.registry.variants import ViTConfig, architecture, config_of, get_config, variant_for
 from keras_vit.utils.defaults import METADATA_FILE
@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # no Keras import here: a pretrained= value is resolved (and 
     import keras
 
 __all__ = [
-    "Checkpoint",
+    "Checkpoint",  # what resolve_pretrained returns (defined in checkpoints.loading)
     "WeightsIntegrityError",
     "WeightsUnavailableError",
     "checkpoint_record",
@@ -248,125 +248,6 @@ def _download(
         cache_dir=cache_dir,
         endpoint=endpoint,
     )
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint read into memory, with where it came from and what it holds.
-
-    `entry` is its catalog row (`None` for a file or repo outside the catalog), `metadata` the
-    `keras_vit.json` of a folder or Hub repo that keras_vit wrote (`None` otherwise).
-    """
-
-    state: dict[str, np.ndarray]
-    info: CheckpointInfo
-    entry: catalog.CatalogEntry | None
-    label: str
-    metadata: dict | None = None
-
-    @property
-    def tag(self) -> str | None:
-        """The catalog tag whose preprocessing and labels the weights take (the row's, the saved model's)."""
-        if self.entry is not None:
-            return self.entry.tag
-        return (self.metadata or {}).get("model", {}).get("pretrained_tag")
-
-    @property
-    def numerics(self) -> str:
-        """The `ViTConfig.numerics` of the checkpoint's source: the catalog row's, else the file's."""
-        return self.info.numerics if self.entry is None else self.entry.numerics
-
-    def model_kwargs(self, config: ViTConfig, kwargs: Mapping | None = None) -> dict:
-        """The keywords of `build_vit(config, **kwargs)` for a model that fits this checkpoint, asked once.
-
-        `kwargs` are the caller's (`ViT` arguments and `ViTConfig` fields, as `create_model`
-        takes them; `None` for `image_size`, `num_classes`, `include_top`,
-        `representation_size` or `name` means unset). What the caller leaves unset the
-        checkpoint gives: its token layout (`class_token`; `pooling` if the [class] token
-        agrees; `fc_norm` for `"gap"` pooling), its `numerics`, its resolution as `image_size`
-        (a user's size resizes the position embedding), its head (no head, e.g. `orig_in21k`,
-        gives `include_top=False` unless `num_classes` is given; a user's `num_classes` gives a
-        fresh zero head), its pre-logits width (`representation_size=0` drops it) and, for a
-        catalog tag, the `name`.
-        """
-        kwargs = {
-            key: value
-            for key, value in (kwargs or {}).items()
-            if value is not None or key in _NONE_IS_A_VALUE
-        }
-        layout = self.info.layout
-        kwargs.setdefault("class_token", layout["class_token"])
-        if kwargs["class_token"] == layout["class_token"]:
-            kwargs.setdefault("pooling", layout["pooling"])
-        if kwargs.get("pooling") == "gap":
-            kwargs.setdefault("fc_norm", layout["fc_norm"])
-        kwargs.setdefault("numerics", self.numerics)
-        if self.entry is not None:
-            kwargs.setdefault("image_size", self.entry.resolution)
-        else:
-            kwargs.setdefault("image_size", tuple(side * config.stride for side in self.info.grid))
-        has_head = self.info.num_classes is not None
-        include_top = kwargs.setdefault("include_top", has_head or "num_classes" in kwargs)
-        if include_top and "num_classes" not in kwargs:
-            if not has_head:
-                raise ValueError(
-                    f"{self.label} has no classification head: pass num_classes=<your classes> for a "
-                    "new zero-initialised head, or leave include_top unset to get features."
-                )
-            kwargs["num_classes"] = self.info.num_classes
-        stored = self.info.representation_size
-        wanted = kwargs.get("representation_size", stored)
-        if wanted and wanted != stored:
-            has = "no pre-logits layer" if stored is None else f"a pre-logits layer of width {stored}"
-            raise ValueError(
-                f"{self.label} has {has}, not one of width {wanted}: leave representation_size unset "
-                "to build the model as the checkpoint has it, or pass 0 to drop it."
-            )
-        kwargs["representation_size"] = wanted or None
-        if self.entry is not None:
-            kwargs.setdefault("name", self.entry.tag)
-        return kwargs
-
-    def model_arguments(
-        self,
-        config: ViTConfig,
-        image_size,
-        num_classes: int | None,
-        include_top: bool | None,
-        representation_size: int | None,
-    ) -> tuple[int | tuple[int, int], int | None, bool, int | None]:
-        """Deprecated: `model_kwargs`, which answers every argument at once."""
-        warnings.warn(
-            "Checkpoint.model_arguments is deprecated: use Checkpoint.model_kwargs.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        given = dict(
-            image_size=image_size,
-            num_classes=num_classes,
-            include_top=include_top,
-            representation_size=representation_size,
-        )
-        kwargs = self.model_kwargs(config, given)
-        return (
-            kwargs["image_size"],
-            kwargs.get("num_classes"),
-            kwargs["include_top"],
-            kwargs["representation_size"],
-        )
-
-    def load_into(self, model: keras.Model, pos_embed_interpolation: str | None = None) -> None:
-        """Copy the weights into `model` (position embedding resized, other-sized head skipped).
-
-        `pos_embed_interpolation`: as `load_checkpoint` (default: the source's own resampling).
-        """
-        load_state(model, self.state, self.info.format, self.label, pos_embed_interpolation)
-        model.pretrained_tag = self.tag
-
-
-# `Checkpoint.model_kwargs`: keywords whose `None` is a value (no pooling: the token sequence),
-# not "unset"; every other `None` lets the checkpoint decide.
-_NONE_IS_A_VALUE = ("pooling", "classifier_activation", "pretrained_tag", "quantization")
 
 
 def _check_fits(

@@ -2,7 +2,7 @@
 
 A writer is the inverse of a reader: the model's weights by canonical name
 (`canonical_weights`, the names `load_checkpoint` fills), the reader's name maps run backwards
-(`common.invert_name_maps`), and a hybrid's ResNet stem through `resnet_stem.stem_name_map`
+(`common.invert_name_maps`), and a hybrid's ResNet stem through `common.stem_name_map`
 in the format's `StemLayout`.
 `check_writable` refuses what no format holds (a quantized model, an object that is not a
 keras_vit ViT); each writer's `check` then refuses what its own format cannot express, with a
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keras_vit.checkpoints import common, resnet_stem
+from keras_vit.checkpoints import common
 from keras_vit.registry.variants import NUMERICS, Numerics, ViTConfig, config_of
 
 if TYPE_CHECKING:
@@ -81,10 +81,10 @@ def transformer_state(
 
 
 def stem_state(model: keras.Model, layout: common.StemLayout) -> dict[str, np.ndarray]:
-    """A hybrid's ResNet stem arrays under the layout's keys (`resnet_stem.stem_name_map`), kernels
+    """A hybrid's ResNet stem arrays under the layout's keys (`common.stem_name_map`), kernels
     in the layout's order."""
     arrays = {}
-    for key, variable in resnet_stem.stem_name_map(model, layout).items():
+    for key, variable in common.stem_name_map(model, layout).items():
         value = _float32(variable)
         arrays[key] = common.conv_kernel_out(value) if layout.oihw else value
     return arrays

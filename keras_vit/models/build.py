@@ -22,7 +22,7 @@ from keras_vit.registry.variants import VARIANTS, ViTConfig, get_config, list_mo
 from keras_vit.utils.environment import tensorflow_loads_quietly
 
 if TYPE_CHECKING:
-    from keras_vit.checkpoints.pretrained import Checkpoint
+    from keras_vit.checkpoints.loading import Checkpoint
     from keras_vit.models.vit import ViT
 
 __all__ = ["build_vit", "build_with_checkpoint", "create_model", "list_models", *VARIANTS]

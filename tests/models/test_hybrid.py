@@ -10,9 +10,9 @@ from helpers import HYBRID_TIMM_NAMES, count_params_without_weights, load_into_s
 from helpers import checkpoint_writers as writers
 
 import keras_vit
+from keras_vit.checkpoints.common import stem_name_map, stem_weights
 from keras_vit.checkpoints.errors import CheckpointError
 from keras_vit.checkpoints.formats import FORMATS
-from keras_vit.checkpoints.resnet_stem import stem_name_map, stem_weights
 from keras_vit.models.build import build_vit
 from keras_vit.models.hybrid import STEM_NUMERICS, BottleneckUnit, StdConv2D, feature_map_size
 from keras_vit.registry.variants import ViTConfig, architecture, get_config, variant_for
