@@ -75,6 +75,9 @@ def attach() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != pid:  # the supervisor died before the line above
         os._exit(1)
+    # a SIGINT reaches this process only through the supervisor, which stops the run with it: honoured
+    # even where it was ignored when the command started (a script's background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=_die_with_supervisor, args=(_channel,), daemon=True).start()
 
 
