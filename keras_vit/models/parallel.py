@@ -31,7 +31,7 @@ import keras
 
 from keras_vit.registry.variants import ViTConfig, config_of, get_config
 
-__all__ = ["get_layout_map", "make_distribution"]
+__all__ = ["check_array_batches", "get_layout_map", "make_distribution"]
 
 # The weights Megatron-LM splits (Shoeybi et al. 2019, §3), by `variable.path` (a full match; any
 # prefix, for a ViT nested in another model). Blocks (`block_<i>`) and the attention-pooling head
@@ -133,7 +133,8 @@ def make_distribution(
     is not a positive int, exceeds or does not divide the number of devices, or does not divide
     the model's heads or MLP width, and when `devices` is empty or names a device twice. The
     distribution refuses a batch its replicas cannot split (`ValueError` from `fit`, `predict`, ...,
-    at that batch) instead of compiling a slow uneven step.
+    at that batch) instead of compiling a slow uneven step; a keras_vit model given in-memory arrays
+    refuses an uneven last batch before the first step (`check_array_batches`).
     """
     _check_backend()
     if (
@@ -180,20 +181,47 @@ class _EvenBatches:
     """A distribution that refuses, at once, a batch its replicas cannot split (Keras would compile a
     slow uneven step, and a multi-process run would hang on it)."""
 
+    def check_rows(self, rows: int, what: str = "A batch") -> None:
+        """`ValueError` unless a batch of `rows` rows (this process's) splits between the replicas."""
+        mesh = self.device_mesh
+        replicas = int(mesh.shape[mesh.axis_names.index(self.batch_dim_name)])
+        import jax
+
+        rows = int(rows) * jax.process_count()  # each process gives its own rows
+        if rows % replicas:
+            raise ValueError(
+                f"{what} of {rows} rows cannot be split between the distribution's {replicas} replicas: "
+                f"use a batch size divisible by {replicas}, and a dataset whose last batch is full too "
+                "(drop or pad the remainder, e.g. tf.data's batch(..., drop_remainder=True))."
+            )
+
     def get_data_layout(self, data_shape):
         if len(data_shape):
-            mesh = self.device_mesh
-            replicas = int(mesh.shape[mesh.axis_names.index(self.batch_dim_name)])
-            import jax
-
-            rows = int(data_shape[0]) * jax.process_count()  # each process gives its own rows
-            if rows % replicas:
-                raise ValueError(
-                    f"A batch of {rows} rows cannot be split between the distribution's {replicas} replicas: "
-                    f"use a batch size divisible by {replicas}, and a dataset whose last batch is full too "
-                    "(drop or pad the remainder, e.g. tf.data's batch(..., drop_remainder=True))."
-                )
+            self.check_rows(data_shape[0])
         return super().get_data_layout(data_shape)
+
+
+def check_array_batches(x, batch_size: int | None, validation_split: float = 0.0) -> None:
+    """`ValueError` before anything runs when in-memory arrays `x` (an array, or a list or dict of them)
+    end in a batch the active `make_distribution` distribution cannot split.
+
+    Keras checks the layout of the first batch only (`get_data_layout`, which refuses an uneven first
+    batch): a shorter last batch would reach JAX as an opaque sharding error after the full ones, or
+    hang a multi-process run. Datasets and generators are left to `get_data_layout`.
+    """
+    distribution = keras.distribution.distribution() if keras.backend.backend() == "jax" else None
+    if not isinstance(distribution, _EvenBatches):
+        return
+    first = keras.tree.flatten(x)[0] if isinstance(x, (list, tuple, dict)) and x else x
+    shape = getattr(first, "shape", None)
+    if shape is None or not len(shape) or not isinstance(shape[0], numbers.Integral):
+        return
+    rows = int(shape[0])
+    if validation_split:
+        rows = int(rows * (1.0 - validation_split))  # what Keras keeps for training
+    batch = 32 if batch_size is None else int(batch_size)
+    if rows and rows % batch:
+        distribution.check_rows(rows % batch, f"With {rows} rows in batches of {batch}, the last batch")
 
 
 class DataParallel(_EvenBatches, keras.distribution.DataParallel):

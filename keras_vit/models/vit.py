@@ -31,6 +31,7 @@ from keras_vit.models.layers import (
     TokenPooling,
     TransformerBlock,
 )
+from keras_vit.models.parallel import check_array_batches
 from keras_vit.registry import catalog
 from keras_vit.registry.variants import NUMERICS, ViTConfig
 from keras_vit.utils.validation import positive_int
@@ -261,21 +262,27 @@ class ViT(keras.Model):
         return super().__call__(*args, **kwargs)
 
     def predict(self, x, *args, **kwargs):
-        """`keras.Model.predict`, with the input checked first (`guards.check_images`, `check_batch`)."""
+        """`keras.Model.predict`, with the input checked first (`guards.check_images`, `check_batch`,
+        and under `make_distribution` the last batch: `parallel.check_array_batches`)."""
         guards.check_images(self, x)
         guards.check_batch(self, x)
+        check_array_batches(x, kwargs.get("batch_size", args[0] if args else None))
         with guards.state_kept_on_failure(self):
             return super().predict(x, *args, **kwargs)
 
-    def evaluate(self, *args, **kwargs):
-        """`keras.Model.evaluate`; a failure leaves the model usable (`guards.state_kept_on_failure`)."""
+    def evaluate(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        """`keras.Model.evaluate`; a failure leaves the model usable (`guards.state_kept_on_failure`);
+        under `make_distribution`, arrays whose last batch the replicas cannot split are refused first."""
+        check_array_batches(x, batch_size)
         with guards.state_kept_on_failure(self):
-            return super().evaluate(*args, **kwargs)
+            return super().evaluate(x, y, batch_size, *args, **kwargs)
 
-    def fit(self, *args, **kwargs):
-        """`keras.Model.fit`; a failure leaves the model usable (`guards.state_kept_on_failure`)."""
+    def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
+        """`keras.Model.fit`; a failure leaves the model usable (`guards.state_kept_on_failure`); under
+        `make_distribution`, arrays whose last batch the replicas cannot split are refused first."""
+        check_array_batches(x, batch_size, kwargs.get("validation_split") or 0.0)
         with guards.state_kept_on_failure(self, training=True):
-            return super().fit(*args, **kwargs)
+            return super().fit(x, y, batch_size, *args, **kwargs)
 
     def train_on_batch(self, *args, **kwargs):
         """`keras.Model.train_on_batch`; a failure leaves the model usable (`guards`)."""

@@ -16,7 +16,9 @@ supervisor, which imports nothing heavy and cannot be aborted that way:
   second, and dropped when the child ended because a partner died (then the one line says why);
   otherwise they are printed as they are;
 * the child dies with its supervisor (Linux `PR_SET_PDEATHSIG`, and a thread watching the
-  channel), SIGTERM and SIGHUP are passed on to it, and the supervisor ends as the child did.
+  channel), SIGTERM, SIGHUP and SIGINT are passed on to it, and the supervisor ends as the child did.
+  The child has a process group of its own, so a terminal's Ctrl-C (SIGINT to the foreground group)
+  reaches it once, through the supervisor, as does a SIGINT sent to the supervisor's pid alone.
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ def attach() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != pid:  # the supervisor died before the line above
         os._exit(1)
+    # a SIGINT reaches this process only through the supervisor, which stops the run with it: honoured
+    # even where it was ignored when the command started (a script's background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=_die_with_supervisor, args=(_channel,), daemon=True).start()
 
 
@@ -266,13 +271,13 @@ def run(argv: list[str], index: int, prefix: str = "keras-vit", program: list[st
         env=env,
         pass_fds=(theirs.fileno(),),
         stderr=subprocess.PIPE,
+        start_new_session=True,  # signals reach it through the supervisor only (module docstring)
     )
     theirs.close()
     supervisor = _Supervisor(index)
     forwarded = {}
-    for number in (signal.SIGTERM, signal.SIGHUP):
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         forwarded[number] = signal.signal(number, lambda number, _: child.send_signal(number))
-    forwarded[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child too
     pump = threading.Thread(target=supervisor.pump, args=(child.stderr,), daemon=True)
     pump.start()
     listener = threading.Thread(target=supervisor.listen, args=(ours,), daemon=True)

@@ -114,6 +114,18 @@ def _fit_uneven_batch() -> None:
         model.fit(images, np.zeros(10, "int32"), batch_size=10, epochs=1, verbose=0)
 
 
+def _uneven_last_batch(call: str) -> None:
+    """`fit` of 10 rows in batches of 8 over 8 replicas (`predict`: 12 rows): refused before any step,
+    where Keras checks the first batch only and JAX met the last one with a sharding error."""
+    with make_distribution().scope():
+        model = keras_vit.build_vit(CONFIG, num_classes=4)
+        model.compile("sgd", "sparse_categorical_crossentropy")
+        if call == "fit":
+            model.fit(np.zeros((10, 16, 16, 3), "float32"), np.zeros(10, "int32"), batch_size=8, verbose=0)
+        else:
+            model.predict(np.zeros((12, 16, 16, 3), "float32"), batch_size=8, verbose=0)
+
+
 def bad_input_messages() -> dict:
     cases = {
         "heads": lambda: make_distribution(2, model="vit_ti16"),  # 3 heads
@@ -130,6 +142,8 @@ def bad_input_messages() -> dict:
         "no_devices": lambda: make_distribution(devices=[]),
         "repeated_devices": lambda: make_distribution(devices=keras.distribution.list_devices()[:1] * 2),
         "uneven_batch": _fit_uneven_batch,
+        "uneven_last_batch": lambda: _uneven_last_batch("fit"),
+        "uneven_last_predict": lambda: _uneven_last_batch("predict"),
     }
     messages = {}
     for case, attempt in cases.items():

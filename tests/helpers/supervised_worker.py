@@ -45,11 +45,14 @@ else:
         except OSError:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-print(f"training {os.getpid()}", flush=True)
 try:
+    print(f"training {os.getpid()}", flush=True)
     peer.recv(1)  # blocks while the partner lives
 except OSError:
     pass
+except KeyboardInterrupt:  # as `keras-vit` ends on Ctrl-C (keras_vit.cli.main)
+    print("keras-vit: interrupted", file=sys.stderr)
+    sys.exit(130)
 if how == "abort":
     sys.stderr.write(
         "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"

@@ -182,6 +182,8 @@ def test_every_shard_sits_where_the_layout_map_says(runs, run):
         ("no_devices", ["devices is empty"]),
         ("repeated_devices", ["more than once", "give each device once"]),
         ("uneven_batch", ["A batch of 10 rows cannot be split between the distribution's 8 replicas"]),
+        ("uneven_last_batch", ["With 10 rows in batches of 8, the last batch of 2 rows cannot be split"]),
+        ("uneven_last_predict", ["With 12 rows in batches of 8, the last batch of 4 rows cannot be split"]),
     ],
 )
 def test_bad_input_gets_one_clear_error(bad_input_messages, case, fragments):

@@ -334,11 +334,47 @@ def test_training_never_replaces_a_finished_run_unless_asked(tmp_path, capsys):
     ]  # fmt: skip
     assert cli.main(command) == 1
     assert "holds a finished run" in capsys.readouterr().err
+    # the run's records name its TensorBoard files; the user's files beside them are not the run's
+    report = json.loads((output / "report.json").read_text())
+    assert report["log_files"] == sorted(f"logs/train/{path.name}" for path in events) and events
+    for mine in ("logs/train/my_notes.txt", "logs/validation/x.csv", "logs/readme.md"):
+        (output / mine).parent.mkdir(parents=True, exist_ok=True)
+        (output / mine).write_text("the user's")
     assert cli.main([*command, "--overwrite"]) == 0
     assert "replacing the finished run in" in capsys.readouterr().err
     assert (output / "notes.txt").read_text() == "user"
     assert not set(events) & set((output / "logs" / "train").iterdir())  # the old run's logs are gone
+    for mine in ("logs/train/my_notes.txt", "logs/validation/x.csv", "logs/readme.md"):
+        assert (output / mine).read_text() == "the user's"
     assert sorted(_names(output)) == ["labels.txt", "logs", "model.keras", "notes.txt", "report.json"]
+
+
+def test_overwrite_removes_only_the_log_files_the_report_names(tmp_path):
+    """A finished run's report names its TensorBoard files: only those go (regular files under logs/train
+    or logs/validation with TensorBoard's name), never a name outside them, a link or what it points to;
+    a report that names none (an older run's) leaves logs/ as it is."""
+    output, precious = tmp_path / "run", tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    train, validation = output / "logs" / "train", output / "logs" / "validation"
+    train.mkdir(parents=True)
+    validation.mkdir()
+    ours = ["logs/train/events.out.tfevents.1.h.2.0.v2", "logs/validation/events.out.tfevents.3.h.2.1.v2"]
+    for name in ours:
+        (output / name).write_text("events")
+    (train / "events.out.tfevents.9.host.9.0.v2").write_text("the user's own, not named")
+    (train / "events.out.tfevents.link.v2").symlink_to(precious)
+    (output / "model.keras").write_text("model")
+    link = "logs/train/events.out.tfevents.link.v2"
+    named = [*ours, "logs/train/../../../precious.txt", "../precious.txt", link]
+    for report, left in (({}, 4), ({"log_files": named}, 2)):
+        (output / "report.json").write_text(json.dumps(report))
+        (output / "model.keras").write_text("model")
+        open_run_folder(str(output), str(output / "backup"), "model.keras", {}, overwrite=True, chief=True)
+        kept = list(train.iterdir()) + (list(validation.iterdir()) if validation.exists() else [])
+        assert len(kept) == left
+    assert precious.read_text() == "the user's" and (train / "events.out.tfevents.link.v2").is_symlink()
+    assert not validation.exists()  # emptied by the removal: the folder went too
+    assert sorted(os.listdir(train)) == ["events.out.tfevents.9.host.9.0.v2", "events.out.tfevents.link.v2"]
 
 
 def test_training_output_folder_that_is_a_file(tmp_path):

@@ -30,8 +30,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _pair(how: str = "abort") -> list[subprocess.Popen]:
-    """Processes 0 and 1, each `supervisor.run` of the stand-in; each prints `training PID` once joined."""
+def _pair(how: str = "abort", sigint_ignored: bool = False) -> list[subprocess.Popen]:
+    """Processes 0 and 1, each `supervisor.run` of the stand-in; each prints `training PID` once joined.
+    Each has a process group of its own, as a command started from a terminal (`sigint_ignored`: with
+    SIGINT ignored, as a script's background job)."""
     address, port = f"localhost:{_free_port()}", _free_port()
     code = (
         "import sys; from keras_vit.utils import supervisor; worker = sys.argv.pop(1); "
@@ -44,6 +46,8 @@ def _pair(how: str = "abort") -> list[subprocess.Popen]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
         )
         for index in (0, 1)
     ]
@@ -127,6 +131,24 @@ def test_sigterm_reaches_the_training_process_and_ends_the_supervisor_as_it():
     processes[0].terminate()
     (first, _), (second, survivor) = _end(processes)
     assert first == -signal.SIGTERM and _gone(pids[0])
+    assert second == 1 and "keras-vit: error: process 0 (pid " in survivor
+
+
+@pytest.mark.parametrize("to", ["pid", "group", "background-pid"])
+def test_sigint_stops_the_run_as_sigterm_does(to):
+    """SIGINT to the supervisor's pid alone (`kill -INT PID`; also when the command started with
+    SIGINT ignored, as a script's `keras-vit train ... &`), or to its process group (a terminal's
+    Ctrl-C), reaches the training process once: it stops as interrupted (status 130), the supervisor
+    with it, and the partner names process 0."""
+    processes = _pair(sigint_ignored=to == "background-pid")
+    pids = _training_pids(processes)
+    if to != "group":
+        os.kill(processes[0].pid, signal.SIGINT)
+    else:
+        os.killpg(processes[0].pid, signal.SIGINT)
+    (first, stderr), (second, survivor) = _end(processes)
+    assert first == 130 and _gone(pids[0]), stderr
+    assert stderr.count("keras-vit: interrupted") == 1, stderr
     assert second == 1 and "keras-vit: error: process 0 (pid " in survivor
 
 

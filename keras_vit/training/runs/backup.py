@@ -11,6 +11,7 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -81,6 +82,17 @@ class EpochBackup(keras.callbacks.Callback):
             )
         # Copied: the state stays as read (it becomes the previous backup, checksummed).
         self.history = {key: list(values) for key, values in self.state.get("history", {}).items()}
+        # The files the run wrote outside the backup (TensorBoard's), named in each state: the earlier
+        # sessions' here, this session's from `written` (set by the driver).
+        recorded = self.state.get("log_files", [])
+        self.earlier_files = (
+            [name for name in recorded if isinstance(name, str)] if isinstance(recorded, list) else []
+        )
+        self.written: Callable[[], list[str]] | None = None
+
+    def log_files(self) -> list[str]:
+        """The files the run wrote outside its backup so far (relative to the output folder)."""
+        return sorted({*self.earlier_files, *(self.written() if self.written else ())})
 
     @property
     def epoch(self) -> int:
@@ -191,6 +203,7 @@ class EpochBackup(keras.callbacks.Callback):
                 },
                 "history": self.history,
                 "run": self.run,
+                **({"log_files": self.log_files()} if self.log_files() else {}),
             }
         )
         keep = {name}

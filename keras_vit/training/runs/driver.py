@@ -21,7 +21,7 @@ import contextlib
 import json
 import math
 import os
-import shutil
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -76,8 +76,61 @@ _FREE_ON_RESUME = (
 # Arguments that may name an input file or folder: the output folder must not hold them.
 _INPUT_ARGUMENTS = ("dataset", "pretrained")
 REPORT_FILE = "report.json"
-# What TensorBoard writes under output_dir/logs: a replaced run's logs are removed, not mixed.
+# Where TensorBoard writes under output_dir/logs, and what: the event files a run wrote there are named in
+# its backup state and report (`LOG_FILES`); a replaced run's are removed, nothing else under logs/.
 _LOG_FOLDERS = ("train", "validation")
+_EVENT_FILE = re.compile(r"events\.out\.tfevents\.[^/]+")
+LOG_FILES = "log_files"
+
+
+def _event_files(output_dir: str) -> set[str]:
+    """The TensorBoard event files (regular files) under `output_dir/logs/{train,validation}`, as
+    paths relative to `output_dir`."""
+    found = set()
+    for folder in _LOG_FOLDERS:
+        path = os.path.join(output_dir, "logs", folder)
+        if os.path.islink(path) or not os.path.isdir(path):
+            continue
+        for name in os.listdir(path):
+            if _EVENT_FILE.fullmatch(name) and not os.path.islink(os.path.join(path, name)):
+                found.add(f"logs/{folder}/{name}")
+    return found
+
+
+def _remove_logs(output_dir: str, report: dict) -> int:
+    """Remove the event files a finished run's `report` names (`LOG_FILES`), and the log folders they
+    leave empty; returns how many were removed. Other files, and names outside the log folders, stay."""
+    named = report.get(LOG_FILES) if isinstance(report, dict) else None
+    removed = 0
+    for name in named if isinstance(named, list) else []:
+        parts = name.split("/") if isinstance(name, str) else []
+        if (
+            len(parts) != 3
+            or parts[0] != "logs"
+            or parts[1] not in _LOG_FOLDERS
+            or not _EVENT_FILE.fullmatch(parts[2])
+        ):
+            continue
+        path = os.path.join(output_dir, *parts)
+        if os.path.islink(os.path.join(output_dir, "logs")) or os.path.islink(os.path.dirname(path)):
+            continue
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.remove(path)
+            removed += 1
+    for folder in [*(os.path.join("logs", name) for name in _LOG_FOLDERS), "logs"]:
+        with contextlib.suppress(OSError):  # not empty (the user's files), a link, or not there
+            if not os.path.islink(os.path.join(output_dir, folder)):
+                os.rmdir(os.path.join(output_dir, folder))
+    return removed
+
+
+def _read_report(output_dir: str) -> dict:
+    try:
+        with open(os.path.join(output_dir, REPORT_FILE), encoding="utf-8") as file:
+            report = json.load(file)
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
 
 
 def tensorboard_callbacks(log_dir: str) -> list[keras.callbacks.Callback]:
@@ -221,13 +274,13 @@ def open_run_folder(
             "pass overwrite=True (--overwrite) to replace its model, report and logs."
         )
     if finished:
+        report = _read_report(output_dir)
         for name in finished:
             os.remove(os.path.join(output_dir, name))
-        for name in _LOG_FOLDERS:
-            shutil.rmtree(os.path.join(output_dir, "logs", name), ignore_errors=True)
+        logs = _remove_logs(output_dir, report)
         _say(
             f"replacing the finished run in {output_dir} (overwrite): removed {', '.join(finished)} "
-            "and its logs."
+            f"and its {logs} TensorBoard log file(s) (the folder's other files are kept)."
         )
     return backup
 
@@ -367,7 +420,11 @@ def _fit(
 
     fit_callbacks = [backup, *callbacks]
     if chief:
-        fit_callbacks.extend(tensorboard_callbacks(os.path.join(output_dir, "logs")))
+        logging = tensorboard_callbacks(os.path.join(output_dir, "logs"))
+        fit_callbacks.extend(logging)
+        if logging:  # the event files this run writes (earlier sessions' in the backup), for its records
+            present = _event_files(output_dir)
+            backup.written = lambda: sorted(_event_files(output_dir) - present)
     train_data = task.train_data(network, start_epoch, steps_per_epoch)
     if chief and start_epoch == 0:  # said once the data and model are ready: a refusal before is one line
         _say(f"starting a new run in {output_dir}.")
@@ -409,6 +466,8 @@ def _fit(
     class_names = resolved.get("class_names")
     if class_names:
         report["labels_file"] = LABELS_FILE
+    if chief and backup.log_files():
+        report[LOG_FILES] = backup.log_files()
     if chief:
         os.makedirs(output_dir, exist_ok=True)
         with keras_distribution.saved_alone():

@@ -312,16 +312,17 @@ def ends_together() -> Iterator[None]:
     """A multi-process run that fails here ends its process at once (elsewhere nothing changes).
 
     An error from a collective because another process died becomes one clear error; and a
-    failed process exits (status 1) without JAX's shutdown barrier, which would wait for the
-    dead process and then abort with a stack trace. The backups are written atomically: the
-    last complete one stays for the resume.
+    failed process exits (status 1; interrupted: 130) without JAX's shutdown barrier, which would
+    wait for the dead process and then abort with a stack trace. The backups are written
+    atomically: the last complete one stays for the resume.
     """
     try:
         yield
     except BaseException as error:
         if process_count() == 1:
             raise
-        atexit.register(_exit_now)  # after the error is reported, before JAX's own exit handler
+        # after the error is reported, before JAX's own exit handler; interrupted (Ctrl-C): as a shell says
+        atexit.register(_exit_now, 130 if isinstance(error, KeyboardInterrupt) else 1)
         lost = isinstance(error, Exception) and any(sign in str(error) for sign in _LOST_PARTNER)
         if _partners is not None and not lost:
             _partners.fail()  # the others wait a moment for an error of their own (the same refusal)
@@ -334,10 +335,10 @@ def ends_together() -> Iterator[None]:
         raise
 
 
-def _exit_now() -> None:
+def _exit_now(status: int = 1) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(status)
 
 
 def same_in_every_process(name: str, value: int) -> None:
