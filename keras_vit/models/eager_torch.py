@@ -27,25 +27,23 @@ from keras_vit.models.attention import choose_attention, compute_device
 __all__ = ["applies", "block_call"]
 
 
-def applies(block, training, return_attention_scores: bool) -> bool:
-    """Whether `block_call` computes this call of `block` (a `TransformerBlock`)."""
+def applies(block, training, return_attention_scores: bool) -> str | None:
+    """The attention `block_call` runs for this call of `block` (a `TransformerBlock`): `"plain"` or
+    `"fused"`, or None where the block's own call computes it."""
     if keras.backend.backend() != "torch" or return_attention_scores:
-        return False
+        return None
     attention = block.attention
     if training and (block.dropout or block.drop_path or attention.dropout):
-        return False
-    if _implementation(attention, training) == "fused_padded":
-        return False
+        return None
     if block.compute_dtype == "float16" and compute_device() == "cpu":
-        return False  # Keras multiplies float16 in float32 on a CPU
+        return None  # Keras multiplies float16 in float32 on a CPU
     dense = (attention.query_dense, attention.key_dense, attention.value_dense, attention.output_dense)
-    return all(layer.quantization_mode is None for layer in (*dense, block.fc1, block.fc2))
-
-
-def _implementation(attention, training) -> str:
-    return choose_attention(
+    if any(layer.quantization_mode is not None for layer in (*dense, block.fc1, block.fc2)):
+        return None
+    implementation = choose_attention(
         attention.attention_implementation, attention.compute_dtype, bool(training), attention.head_dim
     )
+    return None if implementation == "fused_padded" else implementation
 
 
 def _tensor(value):
@@ -78,7 +76,7 @@ def _dense(hidden, layer):
     return torch.matmul(hidden, _tensor(layer.kernel)) + _tensor(layer.bias)
 
 
-def _attention(tokens, attention, training):
+def _attention(tokens, attention, implementation: str):
     """`MultiHeadSelfAttention.call`'s fused-projection path for `(batch, tokens, width)` tokens."""
     import torch
 
@@ -96,7 +94,7 @@ def _attention(tokens, attention, training):
         + [_tensor(dense.bias).reshape(width) for dense in (key, value)]
     )
     qkv = (torch.matmul(tokens.reshape(-1, width), kernel) + bias).reshape(batch, length, 3, heads, head_dim)
-    if _implementation(attention, training) == "plain":
+    if implementation == "plain":
         query, key, value = torch.unbind(qkv.permute(2, 0, 3, 1, 4), 0)
         logits = torch.matmul(query, key.transpose(2, 3))
         statistics = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
@@ -110,11 +108,12 @@ def _attention(tokens, attention, training):
     return (projected + _tensor(output.bias)).reshape(batch, length, width)
 
 
-def block_call(block, tokens, training):
-    """`TransformerBlock.call(tokens, training)` where `applies`: x + MSA(LN(x)), then x + MLP(LN(x))."""
+def block_call(block, tokens, implementation: str):
+    """`TransformerBlock.call(tokens, training)` where `applies` (which chose the attention
+    `implementation`): x + MSA(LN(x)), then x + MLP(LN(x))."""
     import torch.nn.functional as F
 
-    tokens = tokens + _attention(_layer_norm(tokens, block.norm1), block.attention, training)
+    tokens = tokens + _attention(_layer_norm(tokens, block.norm1), block.attention, implementation)
     hidden = _dense(_layer_norm(tokens, block.norm2).reshape(-1, tokens.shape[-1]), block.fc1)
     hidden = _dense(F.gelu(hidden, approximate="tanh" if block.approximate_gelu else "none"), block.fc2)
     return tokens + hidden.reshape(tokens.shape)

@@ -570,8 +570,9 @@ class TransformerBlock(keras.layers.Layer):
         self.drop_path_layer.build(input_shape)
 
     def call(self, tokens, training=None, return_attention_scores: bool = False):
-        if eager_torch.applies(self, training, return_attention_scores):
-            return eager_torch.block_call(self, tokens, training)
+        implementation = eager_torch.applies(self, training, return_attention_scores)
+        if implementation:
+            return eager_torch.block_call(self, tokens, implementation)
         attended = self.attention(
             self.norm1(tokens), training=training, return_attention_scores=return_attention_scores
         )
