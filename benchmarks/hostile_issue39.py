@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import lscpu
+
 REPO = Path(__file__).resolve().parents[1]
 KERAS_VIT = [sys.executable, "-m", "keras_vit.cli"]
 TINY = ["--model", "vit_digits", "--image-size", "16", "--batch-size", "16", "--verbose", "0"]
@@ -362,45 +364,55 @@ def case_7() -> dict:
     )
 
 
+def training_pair(cwd: str, prefix: list[str] = ()) -> tuple[list[subprocess.Popen], Path]:
+    """Two processes of a 400-step multi-process run into `cwd/run` (each command after `prefix`),
+    returned once the first backup is written (or one ended, or TIMEOUT), with that backup's state file."""
+    address = f"127.0.0.1:{free_port()}"
+    flags = [
+        *TINY,
+        "--steps",
+        "400",
+        "--steps-per-epoch",
+        "10",
+        "--join-timeout",
+        "10",
+        "--output-dir",
+        "run",
+    ]
+    started = time.monotonic()
+    processes = [
+        start(
+            [
+                *prefix,
+                *KERAS_VIT,
+                "train",
+                "--coordinator",
+                address,
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(index),
+                *flags,
+            ],
+            cwd,
+            env(),
+        )
+        for index in (0, 1)
+    ]
+    state = Path(cwd, "run", "backup", "state.json")
+    while (
+        not state.exists()
+        and all(process.poll() is None for process in processes)
+        and time.monotonic() - started < TIMEOUT
+    ):
+        time.sleep(0.1)
+    return processes, state
+
+
 def case_8a() -> dict:
     """A partner SIGKILLed after the first backup: the other ends in time, one line, backup intact."""
     with tempfile.TemporaryDirectory(prefix="h39-") as tmp:
-        address = f"127.0.0.1:{free_port()}"
-        flags = [
-            *TINY,
-            "--steps",
-            "400",
-            "--steps-per-epoch",
-            "10",
-            "--join-timeout",
-            "10",
-            "--output-dir",
-            "run",
-        ]
-        started = time.monotonic()
-        processes = [
-            start(
-                [
-                    *KERAS_VIT,
-                    "train",
-                    "--coordinator",
-                    address,
-                    "--num-processes",
-                    "2",
-                    "--process-id",
-                    str(i),
-                    *flags,
-                ],
-                tmp,
-                env(),
-            )
-            for i in (0, 1)
-        ]
-        state = Path(tmp, "run", "backup", "state.json")
-        while not state.exists() and all(p.poll() is None for p in processes):
-            if time.monotonic() - started > TIMEOUT:
-                break
-            time.sleep(0.1)
+        processes, state = training_pair(tmp)
         time.sleep(1.0)
         os.killpg(processes[1].pid, signal.SIGKILL)  # the whole process 1 (supervisor and child)
         killed = time.monotonic()
@@ -913,45 +925,7 @@ def case_sigint(ignored: bool = False) -> dict:
     """SIGINT to the supervisor's pid alone (not its group) stops a multi-process run like SIGTERM
     (`ignored`: the commands start with SIGINT ignored, as a shell script's `keras-vit train ... &`)."""
     with tempfile.TemporaryDirectory(prefix="h39-") as tmp:
-        address = f"127.0.0.1:{free_port()}"
-        flags = [
-            *TINY,
-            "--steps",
-            "400",
-            "--steps-per-epoch",
-            "10",
-            "--join-timeout",
-            "10",
-            "--output-dir",
-            "run",
-        ]
-        started = time.monotonic()
-        processes = [
-            start(
-                [
-                    *(BACKGROUND if ignored else []),
-                    *KERAS_VIT,
-                    "train",
-                    "--coordinator",
-                    address,
-                    "--num-processes",
-                    "2",
-                    "--process-id",
-                    str(i),
-                    *flags,
-                ],
-                tmp,
-                env(),
-            )
-            for i in (0, 1)
-        ]
-        state = Path(tmp, "run", "backup", "state.json")
-        while (
-            not state.exists()
-            and all(p.poll() is None for p in processes)
-            and time.monotonic() - started < TIMEOUT
-        ):
-            time.sleep(0.1)
+        processes, _ = training_pair(tmp, BACKGROUND if ignored else [])
         os.kill(processes[0].pid, signal.SIGINT)
         sent = time.monotonic()
         results = [finish(process, 60, sent) for process in processes]
@@ -1062,14 +1036,7 @@ CASES = {
 
 
 def machine() -> dict:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-            if line.startswith("Model name")
-        ),
-        platform.processor(),
-    )
+    model = lscpu("Model name").get("Model name", platform.processor())
     commit = (
         os.environ.get("PROBE_COMMIT")
         or subprocess.run(

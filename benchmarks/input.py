@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from machine import lscpu
+
 BATCH, SIZE, CLASSES = 64, 224, 10
 # keras_vit's batches: `--pixels uint8` (default) as the training driver reads them (uint8, normalised
 # and mixed on the device), `float32` as `train_pipeline`'s default (normalised and mixed on the host).
@@ -254,17 +256,12 @@ def main() -> None:
         one = [other for other in results if other["workers"] == 1 and other["reader"] == row["reader"]]
         if "images_per_s" in row and one and "images_per_s" in one[0]:
             row["vs_1_worker"] = round(row["images_per_s"] / one[0]["images_per_s"], 2)
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     record = {
         "results": results,
         "machine": {
             "cpus": os.cpu_count(),
             "load_average_at_end": os.getloadavg(),
-            "lscpu": {
-                key.strip(): value.strip()
-                for key, value in (line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-                if key.strip() in ("Model name", "CPU(s)", "Flags")
-            },
+            "lscpu": lscpu("Model name", "CPU(s)", "Flags"),
             "python": platform.python_version(),
         },
         "command": " ".join(sys.argv),

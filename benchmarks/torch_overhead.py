@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from machine import lscpu
+
 WIDTH, DEPTH, HEADS, MLP, PATCH, IMAGE, BATCH, CLASSES = 32, 12, 2, 64, 16, 32, 2, 10
 COMPETITORS = ("keras_vit", "timm")
 CASES = ("infer", "train")
@@ -148,16 +150,11 @@ def main() -> None:
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     record = {
         "rows": rows,
         "command": " ".join(sys.argv),
         "structure": dict(width=WIDTH, depth=DEPTH, heads=HEADS, mlp=MLP, image=IMAGE, batch=BATCH),
-        "machine": {
-            key.strip(): value.strip()
-            for key, value in (line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-            if key.strip() in ("Model name", "CPU(s)")
-        },
+        "machine": lscpu("Model name", "CPU(s)"),
         "load_average_at_end": os.getloadavg(),
         "python": platform.python_version(),
     }
