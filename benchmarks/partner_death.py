@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import backup_epoch, subprocess_env  # noqa: E402
+from helpers import backup_epoch, keras_vit_train_on_jax  # noqa: E402
 
 
 def _start(index: int, address: str, cwd: str) -> subprocess.Popen:
@@ -29,14 +29,7 @@ def _start(index: int, address: str, cwd: str) -> subprocess.Popen:
         "--steps-per-epoch", "10", "--verbose", "0", "--join-timeout", "10", "--output-dir", "run",
         "--coordinator", address, "--num-processes", "2", "--process-id", str(index),
     ]  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "keras_vit.cli", "train", *flags],
-        cwd=cwd,
-        env=subprocess_env(KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return keras_vit_train_on_jax(flags, cwd)
 
 
 def case(victim: int, delay: float, number: int, target: str) -> dict:

@@ -9,7 +9,10 @@ imports PyTorch, timm and transformers before anything imports TensorFlow.
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import keras
@@ -80,6 +83,22 @@ def load_into_scrambled(model: keras.Model, source, **kwargs) -> keras.Model:
     ]
     assert unmoved == [], f"weights the load left as they were: {unmoved}"
     return model
+
+
+def keras_vit_train_on_jax(
+    flags: Sequence[str], cwd: str | os.PathLike, devices: int = 2
+) -> subprocess.Popen:
+    """`keras-vit train FLAGS` started in `cwd` on JAX with `devices` CPU devices, stdout and stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "keras_vit.cli", "train", *flags],
+        cwd=cwd,
+        env=subprocess_env(
+            KERAS_BACKEND="jax", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def backup_epoch(backup: str | os.PathLike) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import HELPERS, backup_epoch, subprocess_env
+from helpers import HELPERS, backup_epoch, keras_vit_train_on_jax, subprocess_env
 
 from keras_vit.data import pyinput
 from keras_vit.training import options
@@ -234,14 +234,7 @@ def _cli(arguments: dict, cwd: Path) -> subprocess.Popen:
     flags = [
         word for name, value in arguments.items() for word in (f"--{name.replace('_', '-')}", str(value))
     ]
-    return subprocess.Popen(
-        [sys.executable, "-m", "keras_vit.cli", "train", *flags],
-        cwd=cwd,
-        env=subprocess_env(KERAS_BACKEND="jax", XLA_FLAGS="--xla_force_host_platform_device_count=2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return keras_vit_train_on_jax(flags, cwd)
 
 
 def _errors_within(processes: list[subprocess.Popen], seconds: float) -> list[str]:
