@@ -573,6 +573,7 @@ def eval_pipeline(
     crop_pct: float | None = UNSET,
     interpolation: str = UNSET,
     cache: bool = False,
+    pixels: str = PIXELS[0],
 ) -> tf.data.Dataset:
     """Evaluation batches `(float32 (B, H, W, 3), int32 (B,))` in stored order, one pass.
 
@@ -587,7 +588,10 @@ def eval_pipeline(
     spec's fields. The last batch keeps the remainder. `cache=True` keeps the resized uint8
     images in memory after the first pass (cached after decode + resize, before
     normalisation and batching: the costly steps run once, at a quarter of float32 memory).
+    `pixels="uint8"`: the resized uint8 pixels, not normalised (for `DeviceInput` or an
+    `image_dtype="uint8"` model, which normalise on the device to the same values).
     """
+    pixels = one_of("pixels", pixels, PIXELS)
     if spec is None:
         if image_size is None:
             raise ValueError(
@@ -606,9 +610,11 @@ def eval_pipeline(
     dataset = source.dataset.map(_as_written(resize), num_parallel_calls=AUTOTUNE)
     if cache:
         dataset = dataset.cache()
-    dataset = dataset.map(
-        _as_written(lambda image, label: (preprocessing.normalize(image), label)), num_parallel_calls=AUTOTUNE
-    )
+    if pixels == "float32":
+        dataset = dataset.map(
+            _as_written(lambda image, label: (preprocessing.normalize(image), label)),
+            num_parallel_calls=AUTOTUNE,
+        )
     dataset = dataset.batch(batch_size).prefetch(AUTOTUNE)
     return _with_policy(dataset, source.shard_policy)
 

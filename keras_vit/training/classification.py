@@ -165,7 +165,8 @@ class ClassificationTask:
     `prepare` reads the data, `build` makes the model (a variant, a checkpoint with a new
     head, or a keras_vit backbone via `ViT.with_head`) and wraps it in a `DeviceInput`, which the
     driver fits: the input ships uint8 batches (`train_pipeline(pixels="uint8")`) that the step
-    normalises and mixes on the device; the ViT inside is what is evaluated, saved and returned.
+    normalises and mixes on the device, and the held-out uint8 batches likewise; the ViT inside (the
+    same weights) is what is saved and returned.
     The options left `None` take the recipe's values, the augmentation the data's own.
     """
 
@@ -273,15 +274,18 @@ class ClassificationTask:
         )
 
     def finish(self, network: keras.Model, history: dict[str, list[float]]) -> dict:
-        # The paper evaluates on the plain resized image, resized here as train_pipeline resizes.
+        # The paper evaluates on the plain resized image, resized here as train_pipeline resizes. The
+        # batches are uint8, normalised on the device by the `DeviceInput` that was trained.
         image_size, mean, std, interpolation = self._preprocessing(network)
         inputs = input_module()
         eval_spec = inputs.Preprocessing(image_size, mean, std, None, interpolation, resampler="tensorflow")
         if keras.backend.backend() == "tensorflow":
-            test_data = inputs.eval_pipeline(self.test_source, eval_spec, batch_size=self.options.batch_size)
-            test_loss, test_accuracy = unwrapped(network).evaluate(test_data, verbose=0)
+            test_data = inputs.eval_pipeline(
+                self.test_source, eval_spec, batch_size=self.options.batch_size, pixels="uint8"
+            )
+            test_loss, test_accuracy = network.evaluate(test_data, verbose=0)
         else:
-            test_loss, test_accuracy = self._held_out_metrics(unwrapped(network), eval_spec)
+            test_loss, test_accuracy = self._held_out_metrics(network, eval_spec)
         return {
             "accuracy": float(test_accuracy),
             "loss": float(test_loss),
@@ -298,7 +302,9 @@ class ClassificationTask:
         from keras_vit.training.runs.keras_distribution import predictions_in_every_process
 
         source = self.test_source
-        batches = pyinput.eval_pipeline(source, eval_spec, batch_size=self.options.batch_size, pad=True)
+        batches = pyinput.eval_pipeline(
+            source, eval_spec, batch_size=self.options.batch_size, pad=True, pixels="uint8"
+        )
         with predictions_in_every_process(network):  # each process feeds its rows of every batch
             logits = network.predict(batches, verbose=0)[: source.num_examples].astype("float32")
         read = np.ones(source.num_examples, bool)

@@ -15,8 +15,10 @@ drawn on the host from `(seed, global batch index)` as before, so batches stay a
   strategy with several replicas (TensorFlow's step runs per replica), where a row is then mixed with
   another row of its own share.
 
-The wrapped model is the one that is saved, evaluated and returned: it keeps its float input
-(normalised images, as documented), and `DeviceInput` passes float batches (evaluation) through to it.
+The driver's held-out evaluation reads uint8 batches too (`eval_pipeline(pixels="uint8")`) and runs
+them through `DeviceInput`: the host never builds float32 images. The wrapped model is the one that is
+saved and returned: it keeps its float input (normalised images, as documented), and `DeviceInput`
+passes float batches through to it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from helpers import HELPERS, REPO, subprocess_env
 
 from keras_vit.data import pyinput
 from keras_vit.data import tfdata as data
+from keras_vit.data.pyinput import PIXELS
 from keras_vit.registry.catalog import normalize
 from keras_vit.registry.variants import model_config
 from keras_vit.training import classification
@@ -52,6 +53,52 @@ def test_pyinput_uint8_batches_are_the_float_batches_before_normalising(mixup_al
         np.testing.assert_array_equal(piece, images[4:])
     with pytest.raises(ValueError, match="pixels"):
         pyinput.train_pipeline(source, pixels="float16", **options)
+
+
+@pytest.mark.filterwarnings("ignore:Skipped image file")  # the bad file: counted in `bad_images`
+def test_uint8_evaluation_batches_are_the_float_batches_before_normalising(tmp_path, monkeypatch):
+    """`eval_pipeline(pixels="uint8")` of both readers: uint8 pixels whose normalisation is the float32
+    batch bit for bit, the same labels; pyinput's padded last batch and the blank in place of a file
+    that fails when read too."""
+    spec = pyinput.Preprocessing(12, MEAN, STD, None, "bicubic", resampler="tensorflow")
+    arrays = _arrays(count=13)
+    options = dict(batch_size=4, pad=True, workers=0)
+    for source in (pyinput.from_arrays(*arrays), _folder_with_a_bad_file(tmp_path, arrays[0], monkeypatch)):
+        floats, pixels = (pyinput.eval_pipeline(source, spec, pixels=kind, **options) for kind in PIXELS)
+        assert len(pixels) == len(floats) == 4
+        for index in range(4):
+            (images, labels), (host, host_labels) = pixels[index], floats[index]
+            assert images.dtype == np.uint8 and images.shape == (4, 12, 12, 3) and labels.dtype == np.int32
+            np.testing.assert_array_equal(normalize(images, MEAN, STD), host)
+            np.testing.assert_array_equal(labels, host_labels)
+    assert source.bad_images.indices == {1} and (pixels[0][0][1] == 0).all()
+
+    tf_source = data.from_arrays(*arrays)
+    tf_floats, tf_pixels = (
+        list(data.eval_pipeline(tf_source, spec, batch_size=4, pixels=kind)) for kind in PIXELS
+    )
+    assert [int(labels.shape[0]) for _, labels in tf_pixels] == [4, 4, 4, 1]
+    for (images, labels), (host, host_labels) in zip(tf_pixels, tf_floats, strict=True):
+        assert images.dtype.name == "uint8"
+        np.testing.assert_array_equal(normalize(images.numpy(), MEAN, STD), host.numpy())
+        np.testing.assert_array_equal(labels.numpy(), host_labels.numpy())
+    with pytest.raises(ValueError, match="pixels"):
+        pyinput.eval_pipeline(source, spec, batch_size=4, pixels="int8")
+    with pytest.raises(ValueError, match="pixels"):
+        data.eval_pipeline(tf_source, spec, batch_size=4, pixels="int8")
+
+
+def _folder_with_a_bad_file(root, images, monkeypatch) -> pyinput.Source:
+    """`images` as a one-class folder of PNGs read with `on_bad_image="skip"`, the second cut after
+    its header (the listing's check let through: it fails when read)."""
+    from PIL import Image
+
+    (root / "a").mkdir()
+    for index, image in enumerate(images):
+        Image.fromarray(image).save(root / "a" / f"{index:02d}.png")
+    (root / "a" / "01.png").write_bytes((root / "a" / "01.png").read_bytes()[:100])
+    monkeypatch.setattr(pyinput, "image_problem", lambda path, max_pixels: None)
+    return pyinput.from_directory(root, on_bad_image="skip")
 
 
 def test_tfdata_uint8_batches_are_the_float_batches_rounded():
@@ -123,11 +170,13 @@ def test_training_driver_fits_uint8_batches_and_saves_the_float_model(tmp_path, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
-def test_device_mixup_step_equals_the_host_mixup_step(backend):
+def test_device_input_equals_the_host_float_input_in_training_and_evaluation(backend):
     """One mixup batch: `DeviceInput` on the uint8 batch and its weights against the ViT on the host's
     normalised, mixed float32 batch (the same initial weights): the same loss and accuracy within float
     rounding (measured: equal on TensorFlow and PyTorch, 1e-7 relative on JAX) and the same weights
-    after one SGD step (measured: equal, 1.3e-7 on JAX) while the step moved them by ~0.2-0.35."""
+    after one SGD step (measured: equal, 1.3e-7 on JAX) while the step moved them by ~0.2-0.35. The
+    driver's held-out metrics, from uint8 batches through `DeviceInput`, are the returned ViT's on
+    normalised float32 batches (measured: equal on every backend)."""
     command = [sys.executable, str(HELPERS / "device_input_worker.py")]
     env = subprocess_env(KERAS_BACKEND=backend, PYTHONPATH=f"{REPO}{':'}{REPO / 'tests'}")
     output = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -138,6 +187,9 @@ def test_device_mixup_step_equals_the_host_mixup_step(backend):
     assert result["device_loss"] == pytest.approx(result["host_loss"], rel=1e-6)
     assert result["device_accuracy"] == result["host_accuracy"]
     assert result["step_moved_weights_by"] > 0.05 and result["weight_difference"] <= 1e-5
+    assert result["evaluation_dtype"] == "float32"
+    assert result["reported_loss"] == pytest.approx(result["float_loss"], rel=1e-6)
+    assert result["reported_accuracy"] == pytest.approx(result["float_accuracy"], abs=1e-6)
 
 
 def test_device_input_passes_float_batches_and_refuses_mixing_a_uint8_model():
