@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
+from machine import cpu_model
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -45,14 +44,6 @@ def _latency(run, warmup: int, runs: int) -> float:
         run()
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
-
-
-def _cpu() -> str:
-    try:
-        lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor()
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Model name")), "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "formats": rows,
         "runs": args.runs,
         "warmup": args.warmup,
-        "cpu": _cpu(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "note": "shared 2-core machine: other jobs ran at the same time, so latencies are indicative only",
         "versions": {

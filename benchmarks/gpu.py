@@ -48,7 +48,8 @@ import tempfile
 import time
 
 from cases import GPU_CASES, GPU_COMPETITORS, GPU_PARTS, PART_BUDGET, gpu_plan, lookup_case
-from run import Worker, WorkerError, cpu_model
+from machine import cpu_model
+from run import Worker, WorkerError
 
 # Relative time shares of the competitors (of the time left when each one's turn comes).
 SHARES = {

@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -39,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import lscpu
+from machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 KERAS_VIT = [sys.executable, "-m", "keras_vit.cli"]
@@ -1036,7 +1035,7 @@ CASES = {
 
 
 def machine() -> dict:
-    model = lscpu("Model name").get("Model name", platform.processor())
+    model = cpu_model()
     commit = (
         os.environ.get("PROBE_COMMIT")
         or subprocess.run(

@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
+
+# The instruction-set flags that decide matmul speed on a CPU.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
 def lscpu(*fields: str) -> dict[str, str]:
-    """`lscpu`'s `fields` (e.g. "Model name", "CPU(s)", "Flags"), those it printed."""
-    output = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    """`lscpu`'s `fields` (e.g. "Model name", "CPU(s)", "Flags"), those it printed ({} without lscpu)."""
+    try:
+        output = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return {}
     pairs = (line.split(":", 1) for line in output.splitlines() if ":" in line)
     return {key.strip(): value.strip() for key, value in pairs if key.strip() in fields}
+
+
+def cpu_model() -> str:
+    """`lscpu`'s "Model name" (the platform's processor name without lscpu)."""
+    return lscpu("Model name").get("Model name") or platform.processor() or platform.machine()
+
+
+def isa_flags() -> list[str]:
+    """Which of `ISA_FLAGS` this CPU has."""
+    flags = lscpu("Flags").get("Flags", "").split()
+    return [flag for flag in ISA_FLAGS if flag in flags]
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy since boot (all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")

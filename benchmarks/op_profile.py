@@ -19,10 +19,11 @@ import collections
 import glob
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
+
+from machine import isa_flags
 
 CLASSES = (
     "matmul",
@@ -164,11 +165,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count())
     results = [profile(c, m, int(b), args.steps) for c, m, b in (spec.split(":") for spec in args.cases)]
-    flags = ""
-    if platform.system() == "Linux":
-        with open("/proc/cpuinfo", encoding="utf-8") as file:
-            line = next((row for row in file if row.startswith("flags")), "")
-        flags = " ".join(f for f in line.split() if f.startswith(("avx", "fma", "amx")))
+    flags = " ".join(isa_flags())
     record = {"machine": {**machine(), "flags": flags}, "versions": versions(), "onednn": onednn_enabled(),
               "results": results}  # fmt: skip
     print(f"{record['machine']['cpu']} ({flags}); oneDNN {'on' if record['onednn'] else 'off'}")

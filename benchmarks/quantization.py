@@ -35,9 +35,10 @@ import platform
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
+
+from machine import busy_seconds, cpu_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("float32", "int8", "int8_weight_only", "int4", "float8")
@@ -60,35 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.rounds < 1 or args.batch_size < 1 or args.min_time <= 0:
         parser.error("--rounds and --batch-size must be >= 1, --min-time > 0")
     return args
-
-
-def lscpu_model_name() -> str:
-    """`lscpu`'s "Model name" (falls back to /proc/cpuinfo, then `platform`)."""
-    try:
-        output = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        match = re.search(r"^Model name:\s*(.+)$", output, re.MULTILINE)
-        if match:
-            return match.group(1).strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine spent busy since boot (all but idle and iowait)."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-    except OSError:
-        return float("nan")
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu_seconds() -> float:
@@ -144,14 +116,14 @@ def build(variant: str, modes: list[str], images):
 def measure(model, images, min_time: float) -> dict:
     """Calls on `images` for at least `min_time` s: images/s and the other processes' CPU share."""
     calls, start = 0, time.perf_counter()
-    busy, own = machine_busy_seconds(), own_cpu_seconds()
+    busy, own = busy_seconds(), own_cpu_seconds()
     while True:
         model.predict_on_batch(images)
         calls += 1
         wall = time.perf_counter() - start
         if wall >= min_time:
             break
-    other = (machine_busy_seconds() - busy) - (own_cpu_seconds() - own)
+    other = (busy_seconds() - busy) - (own_cpu_seconds() - own)
     return {
         "calls": calls,
         "seconds": wall,
@@ -234,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method")
     import keras
 
-    cpu = lscpu_model_name()
+    cpu = cpu_model()
     print(f"CPU: {cpu} ({os.cpu_count()} CPUs), Keras {keras.__version__} on {keras.backend.backend()}")
     results = {variant: run_variant(variant, args) for variant in args.variants}
     machine = f"{re.sub(r'[^a-z0-9]+', '-', cpu.lower()).strip('-')}-{os.cpu_count()}cpu"

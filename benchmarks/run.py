@@ -54,6 +54,7 @@ import tempfile
 import time
 
 from cases import CASES, COMPETITORS, MATMUL_SIZE, XLA_COMPETITORS, Case, Competitor
+from machine import busy_seconds, cpu_model, isa_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -114,26 +115,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def machine_info() -> dict:
     """CPU model, count, memory and the instruction-set flags that decide matmul speed."""
-    with open("/proc/cpuinfo") as cpuinfo:
-        flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
     with open("/proc/meminfo") as meminfo:
         memory_kb = int(meminfo.readline().split()[1])
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
     return {
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "memory_gb": round(memory_kb / 2**20, 1),
-        "isa": [flag for flag in wanted if flag in flags],
+        "isa": isa_flags(),
         "kernel": platform.release(),
         "python": platform.python_version(),
     }
@@ -142,14 +132,6 @@ def machine_info() -> dict:
 def machine_slug() -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", cpu_model().lower()).strip("-")
     return f"{slug}-{os.cpu_count()}cpu"
-
-
-def busy_seconds() -> float:
-    """CPU seconds the whole machine spent busy since boot (all but idle and iowait)."""
-    with open("/proc/stat") as stat:
-        fields = [int(value) for value in stat.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / CLOCK_TICKS
 
 
 def process_seconds(pid: int) -> float:
