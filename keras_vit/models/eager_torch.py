@@ -17,14 +17,16 @@ for, and attention "plain" or "fused" (`choose_attention`). LoRA kernels are rea
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import weakref
 
 import keras
 import numpy as np
 
 from keras_vit.models.attention import choose_attention, compute_device
 
-__all__ = ["applies", "block_call"]
+__all__ = ["applies", "block_call", "model_applies", "model_call"]
 
 
 def applies(block, training, return_attention_scores: bool) -> str | None:
@@ -117,3 +119,99 @@ def block_call(block, tokens, implementation: str):
     hidden = _dense(_layer_norm(tokens, block.norm2).reshape(-1, tokens.shape[-1]), block.fc1)
     hidden = _dense(F.gelu(hidden, approximate="tanh" if block.approximate_gelu else "none"), block.fc2)
     return tokens + hidden.reshape(tokens.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """A `ViT`'s layers in call order, read once (its functional graph never changes)."""
+
+    pixel_normalization: keras.layers.Layer | None
+    patch_embed: keras.layers.Layer
+    class_token: keras.layers.Layer | None
+    pos_embed: keras.layers.Layer
+    pos_dropout: keras.layers.Layer
+    blocks: tuple
+    encoder_norm: keras.layers.Layer
+    pool: keras.layers.Layer | None
+    pre_logits: keras.layers.Layer | None
+    head: keras.layers.Layer | None
+
+
+_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parts(model) -> _Parts:
+    parts = _PARTS.get(model)
+    if parts is None:
+        layers = {layer.name: layer for layer in model.layers}
+        parts = _PARTS[model] = _Parts(
+            layers.get("pixel_normalization"),
+            layers["patch_embed"],
+            layers.get("class_token"),
+            layers["pos_embed"],
+            layers["pos_dropout"],
+            tuple(layers[f"block_{index}"] for index in range(model.config.depth)),
+            layers["encoder_norm"],
+            layers.get("pool"),
+            layers.get("pre_logits"),
+            layers.get("head"),
+        )
+    return parts
+
+
+def model_applies(model, inputs, training) -> tuple[str, ...] | None:
+    """The attention of each block for `model_call` of `model` (a `ViT`) on `inputs`, or None where
+    the functional graph computes the call: another backend, a hybrid, an input that is not one
+    array of images, dropout to draw, or a block that `applies` leaves to its sublayers."""
+    if keras.backend.backend() != "torch" or model.config.is_hybrid:
+        return None
+    if isinstance(inputs, (dict, list, tuple)) or len(getattr(inputs, "shape", ())) != 4:
+        return None
+    parts = _parts(model)
+    if training and parts.pos_dropout.rate:
+        return None
+    implementations = tuple(applies(block, training, False) for block in parts.blocks)
+    return None if None in implementations else implementations
+
+
+def _layer_call(model, layer, inputs):
+    """`layer(inputs)` as the model's graph calls it: its `call` without Keras's call machinery where
+    that computes the same (the model's dtype policy, so the same autocast; not quantized; no activity
+    regularizer), else its `__call__` (the float32 head under mixed precision)."""
+    direct = (
+        layer.compute_dtype == model.compute_dtype
+        and layer.variable_dtype == model.variable_dtype
+        and layer.autocast
+        and layer.quantization_mode is None
+        and layer.activity_regularizer is None
+    )
+    if not direct:
+        return layer(inputs)
+    return layer.call(layer.dtype_policy.convert_input(inputs, layer.autocast, layer.input_dtype))
+
+
+def model_call(model, inputs, implementations: tuple[str, ...]):
+    """`ViT.call(inputs, training)` where `model_applies` (which chose each block's attention):
+    the graph's layers in its order, each computing as its own call, without a `Layer.__call__`
+    per layer (~0.1 ms of host work each)."""
+    parts = _parts(model)
+    tokens = keras.ops.convert_to_tensor(inputs, dtype=model.image_dtype)  # as the graph's input
+    if parts.pixel_normalization is not None:
+        tokens = _layer_call(model, parts.pixel_normalization, tokens)
+    tokens = _layer_call(model, parts.patch_embed, tokens)
+    if parts.class_token is not None:
+        tokens = _layer_call(model, parts.class_token, tokens)
+    tokens = _layer_call(model, parts.pos_embed, tokens)
+    for block, implementation in zip(parts.blocks, implementations, strict=True):
+        tokens = block_call(block, tokens, implementation)
+    if not model.config.fc_norm:
+        tokens = _layer_call(model, parts.encoder_norm, tokens)
+    if parts.pool is None:
+        return tokens
+    tokens = _layer_call(model, parts.pool, tokens)
+    if model.config.fc_norm:
+        tokens = _layer_call(model, parts.encoder_norm, tokens)
+    for layer in (parts.pre_logits, parts.head):
+        if layer is not None:
+            tokens = _layer_call(model, layer, tokens)
+    return tokens
