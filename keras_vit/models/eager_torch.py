@@ -162,10 +162,12 @@ def _parts(model) -> _Parts:
 def model_applies(model, inputs, training) -> tuple[str, ...] | None:
     """The attention of each block for `model_call` of `model` (a `ViT`) on `inputs`, or None where
     the functional graph computes the call: another backend, a hybrid, an input that is not one
-    array of images, dropout to draw, or a block that `applies` leaves to its sublayers."""
+    array of images of the model's shape, dropout to draw, or a block that `applies` leaves to its
+    sublayers."""
     if keras.backend.backend() != "torch" or model.config.is_hybrid:
         return None
-    if isinstance(inputs, (dict, list, tuple)) or len(getattr(inputs, "shape", ())) != 4:
+    shape = () if isinstance(inputs, (dict, list, tuple)) else tuple(getattr(inputs, "shape", ()))
+    if shape[1:] != model.image_shape:
         return None
     parts = _parts(model)
     if training and parts.pos_dropout.rate:
@@ -174,10 +176,42 @@ def model_applies(model, inputs, training) -> tuple[str, ...] | None:
     return None if None in implementations else implementations
 
 
-def _layer_call(model, layer, inputs):
-    """`layer(inputs)` as the model's graph calls it: its `call` without Keras's call machinery where
-    that computes the same (the model's dtype policy, so the same autocast; not quantized; no activity
-    regularizer), else its `__call__` (the float32 head under mixed precision)."""
+def _patch_embed(images, layer):
+    """`PatchEncoder.call`: the patches cut by a reshape and a transpose, one matrix product."""
+    import torch
+
+    kernel = _tensor(layer.projection.kernel)  # (P, P, C, D)
+    size, channels, width = layer.patch_size, kernel.shape[2], layer.hidden_size
+    rows, columns = images.shape[1] // size, images.shape[2] // size
+    patches = images.reshape(-1, rows, size, columns, size, channels).permute(0, 1, 3, 2, 4, 5)
+    patches = patches.reshape(-1, size * size * channels)
+    tokens = torch.matmul(patches, kernel.reshape(-1, width)) + _tensor(layer.projection.bias)
+    return tokens.reshape(-1, rows * columns, width)
+
+
+def _class_token(tokens, layer):
+    """`ClassToken.call`: the [class] token first."""
+    import torch
+
+    token = _tensor(layer.token).to(tokens.dtype)
+    return torch.cat([torch.broadcast_to(token, (tokens.shape[0], 1, tokens.shape[-1])), tokens], dim=1)
+
+
+def _pos_embed(tokens, layer):
+    """`PositionEmbedding.call`."""
+    return tokens + _tensor(layer.embedding).to(tokens.dtype)
+
+
+def _dense_layer(hidden, layer):
+    """`Dense.call` (its activation too) for a `keras.layers.Dense` with a bias."""
+    return layer.activation(_dense(hidden, layer))
+
+
+def _layer_call(model, layer, inputs, arithmetic=None):
+    """`layer(inputs)` as the model's graph calls it. Where the layer has the model's dtype policy
+    (the same autocast), is not quantized and has no activity regularizer: without Keras's call
+    machinery, as `arithmetic(inputs, layer)` (torch calls, the same operations as its `call`) or
+    its `call`; else its `__call__` (the float32 head under mixed precision)."""
     direct = (
         layer.compute_dtype == model.compute_dtype
         and layer.variable_dtype == model.variable_dtype
@@ -187,7 +221,8 @@ def _layer_call(model, layer, inputs):
     )
     if not direct:
         return layer(inputs)
-    return layer.call(layer.dtype_policy.convert_input(inputs, layer.autocast, layer.input_dtype))
+    inputs = layer.dtype_policy.convert_input(inputs, layer.autocast, layer.input_dtype)
+    return layer.call(inputs) if arithmetic is None else arithmetic(inputs, layer)
 
 
 def model_call(model, inputs, implementations: tuple[str, ...]):
@@ -198,20 +233,20 @@ def model_call(model, inputs, implementations: tuple[str, ...]):
     tokens = keras.ops.convert_to_tensor(inputs, dtype=model.image_dtype)  # as the graph's input
     if parts.pixel_normalization is not None:
         tokens = _layer_call(model, parts.pixel_normalization, tokens)
-    tokens = _layer_call(model, parts.patch_embed, tokens)
+    tokens = _layer_call(model, parts.patch_embed, tokens, _patch_embed)
     if parts.class_token is not None:
-        tokens = _layer_call(model, parts.class_token, tokens)
-    tokens = _layer_call(model, parts.pos_embed, tokens)
+        tokens = _layer_call(model, parts.class_token, tokens, _class_token)
+    tokens = _layer_call(model, parts.pos_embed, tokens, _pos_embed)
     for block, implementation in zip(parts.blocks, implementations, strict=True):
         tokens = block_call(block, tokens, implementation)
     if not model.config.fc_norm:
-        tokens = _layer_call(model, parts.encoder_norm, tokens)
+        tokens = _layer_call(model, parts.encoder_norm, tokens, _layer_norm)
     if parts.pool is None:
         return tokens
     tokens = _layer_call(model, parts.pool, tokens)
     if model.config.fc_norm:
-        tokens = _layer_call(model, parts.encoder_norm, tokens)
+        tokens = _layer_call(model, parts.encoder_norm, tokens, _layer_norm)
     for layer in (parts.pre_logits, parts.head):
         if layer is not None:
-            tokens = _layer_call(model, layer, tokens)
+            tokens = _layer_call(model, layer, tokens, _dense_layer)
     return tokens

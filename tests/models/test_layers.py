@@ -398,7 +398,7 @@ _MODEL_CASES = {  # name: (dtype policy, ViTConfig fields, ViT arguments, LoRA r
     "map_no_class_token": ("mixed_bfloat16", {"pooling": "map", "class_token": False}, {}, 0),
     "tokens": ("float32", {"pooling": None}, {"include_top": False}, 0),
     "uint8": ("float32", {}, {"image_dtype": "uint8", "classifier_activation": "softmax"}, 0),
-    "uint8_bfloat16": ("mixed_bfloat16", {"pooling": "gap"}, {"image_dtype": "uint8"}, 0),
+    "uint8_fc_norm": ("mixed_bfloat16", {"pooling": "gap", "fc_norm": True}, {"image_dtype": "uint8"}, 0),
     "lora_plain_attention": ("float32", {}, {"attention_implementation": "plain"}, 2),
     "lora_bfloat16": ("mixed_bfloat16", {}, {}, 2),
 }
