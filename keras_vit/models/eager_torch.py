@@ -102,12 +102,25 @@ def _attention(tokens, attention, implementation: str):
         statistics = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
         scores = torch.softmax(logits.to(statistics), dim=-1).to(logits.dtype)
         context = torch.matmul(scores, value).permute(0, 2, 1, 3)
-    else:  # Keras's op: its choice of PyTorch kernel (flash attention where it applies), as the ops path
-        query, key, value = torch.unbind(qkv, 2)
-        context = keras.ops.dot_product_attention(query, key, value, scale=1.0)
+    else:
+        context = _fused_attention(*torch.unbind(qkv.permute(2, 0, 3, 1, 4), 0)).transpose(1, 2)
     output = attention.output_dense
     projected = torch.matmul(context.reshape(-1, width), _tensor(output.kernel).reshape(width, width))
     return (projected + _tensor(output.bias)).reshape(batch, length, width)
+
+
+def _fused_attention(query, key, value):
+    """`keras.ops.dot_product_attention(..., scale=1.0)` for `(batch, heads, tokens, head_dim)` inputs
+    of one dtype, without its conversions and checks: Keras's choice of kernel (flash attention where
+    PyTorch says it can run, else PyTorch's own choice on contiguous inputs)."""
+    import torch.nn.functional as F
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if can_use_flash_attention(SDPAParams(query, key, value, None, 0.0, False, False), False):
+        with sdpa_kernel(backends=[SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(query, key, value, scale=1.0)
+    return F.scaled_dot_product_attention(query.contiguous(), key.contiguous(), value.contiguous(), scale=1.0)
 
 
 def block_call(block, tokens, implementation: str):
