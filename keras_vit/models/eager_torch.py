@@ -1,18 +1,25 @@
-"""The encoder block in plain PyTorch calls on Keras's PyTorch backend: the same operations, less host work.
+"""A ViT's arithmetic in plain PyTorch calls on Keras's PyTorch backend: the same operations, less host work.
 
-Keras's PyTorch backend runs eagerly: every sublayer call and every `keras.ops` call does
-Python work (call contexts, dtype checks, tree walks) before its kernel starts, and a Python
-number turned into a device tensor is a host-to-device copy that waits for the GPU. A
-`TransformerBlock` is ten sublayer calls and ~40 ops, so its host work exceeded the GPU's
-kernels (ViT-B/16 training on an H200 ran at 0.36x timm eager, issue 36). `block_call` runs the
-block's arithmetic with `torch` directly, operation for operation as the `keras.ops` path
-(`TransformerBlock.call`), bit for bit the same values and gradients (`tests/models/test_layers.py`),
-and `benchmarks/torch_overhead.py` measures the host work it saves.
+Keras's PyTorch backend runs eagerly: every layer call and every `keras.ops` call does Python work
+(call contexts, dtype checks, tree walks) before its kernel starts, and a Python number turned into
+a device tensor is a host-to-device copy that waits for the GPU. A `TransformerBlock` is ten
+sublayer calls and ~40 ops, so its host work exceeded the GPU's kernels (ViT-B/16 training on an
+H200 ran at 0.36x timm eager, issue 36). `block_call` runs the block's arithmetic with `torch`
+directly, operation for operation as the `keras.ops` path (`TransformerBlock.call`); `model_call`
+runs a whole `ViT` (`ViT.call`) so: its layers in the functional graph's order, the patch
+embedding, class token, position embedding, final LayerNorm and Dense layers as torch calls and the
+rest by their own `call`, without a `Layer.__call__` per layer (20 per forward pass before). Values
+and gradients are bit for bit the `keras.ops` path's and the graph's
+(`tests/models/test_layers.py::test_eager_torch_*`); `benchmarks/torch_overhead.py` measures the
+host work saved.
 
-It runs where the block is plain: not quantized (the sublayers' own calls compute quantized
-kernels), no dropout or stochastic depth to draw while training, no attention scores asked
-for, and attention "plain" or "fused" (`choose_attention`). LoRA kernels are read through
-`Dense.kernel` / `EinsumDense.kernel`, which add the LoRA product, as the sublayers do.
+A block runs here where it is plain: not quantized (the sublayers' own calls compute quantized
+kernels), no dropout or stochastic depth to draw while training, no attention scores asked for,
+and attention "plain" or "fused" (`choose_attention`); a model where every block is, and the input
+is one array of images of its shape (hybrids and models built under a `keras.RematScope` run the
+graph). A layer whose dtype policy is not the model's (the float32 head under mixed precision) is
+still called through `__call__`, for Keras's autocast. LoRA kernels are read through
+`Dense.kernel` / `EinsumDense.kernel`, which add the LoRA product, as the layers do.
 """
 
 from __future__ import annotations
@@ -148,6 +155,7 @@ class _Parts:
     pool: keras.layers.Layer | None
     pre_logits: keras.layers.Layer | None
     head: keras.layers.Layer | None
+    remat: bool  # built under a `keras.RematScope`: its layer calls recompute activations
 
 
 _PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -168,22 +176,23 @@ def _parts(model) -> _Parts:
             layers.get("pool"),
             layers.get("pre_logits"),
             layers.get("head"),
+            any(getattr(layer, "_remat_mode", None) is not None for layer in (model, *layers.values())),
         )
     return parts
 
 
 def model_applies(model, inputs, training) -> tuple[str, ...] | None:
     """The attention of each block for `model_call` of `model` (a `ViT`) on `inputs`, or None where
-    the functional graph computes the call: another backend, a hybrid, an input that is not one
-    array of images of the model's shape, dropout to draw, or a block that `applies` leaves to its
-    sublayers."""
+    the functional graph computes the call: another backend, a hybrid, rematerialisation, an input
+    that is not one array of images of the model's shape, dropout to draw, or a block that `applies`
+    leaves to its sublayers."""
     if keras.backend.backend() != "torch" or model.config.is_hybrid:
         return None
     shape = () if isinstance(inputs, (dict, list, tuple)) else tuple(getattr(inputs, "shape", ()))
     if shape[1:] != model.image_shape:
         return None
     parts = _parts(model)
-    if training and parts.pos_dropout.rate:
+    if parts.remat or (training and parts.pos_dropout.rate):
         return None
     implementations = tuple(applies(block, training, False) for block in parts.blocks)
     return None if None in implementations else implementations

@@ -435,8 +435,8 @@ def test_eager_torch_model_equals_the_functional_graph(case, rng, monkeypatch):
 
 @_TORCH_ONLY
 def test_eager_torch_model_leaves_what_it_does_not_compute_to_the_graph():
-    """Dropout to draw, a quantized or hybrid model and inputs other than one image array run the
-    functional graph (each layer's own call)."""
+    """Dropout to draw, a quantized, hybrid or rematerialised model and inputs other than one image
+    array run the functional graph (each layer's own call)."""
     from keras_vit.models import eager_torch
 
     config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
@@ -453,6 +453,9 @@ def test_eager_torch_model_leaves_what_it_does_not_compute_to_the_graph():
     assert not eager_torch.model_applies(plain, images, False)
     hybrid = ViT(config.replace(resnet_stages=(), patch_size=1), num_classes=5)
     assert not eager_torch.model_applies(hybrid, images, False)
+    with keras.RematScope("full"):
+        rematerialised = ViT(config, num_classes=5)
+    assert not eager_torch.model_applies(rematerialised, images, False)
 
 
 def test_transformer_block_attention_scores_are_softmax_qk(rng):
