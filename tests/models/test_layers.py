@@ -313,11 +313,11 @@ def _block_results(block, tokens, monkeypatch, fast: bool) -> list:
         monkeypatch.setattr(eager_torch, "applies", lambda *a: False)
     results = []
     for training in (True, False):
-        inputs = tokens.clone().requires_grad_(True)
+        inputs = keras.ops.convert_to_tensor(tokens).clone().requires_grad_(True)  # on Keras's device
         output = block(inputs, training=training)
         loss = (output.float() * torch.sin(output.float())).sum()
         grads = torch.autograd.grad(loss, [inputs, *(weight.value for weight in block.trainable_weights)])
-        results += [output.detach().float().numpy(), *(grad.float().numpy() for grad in grads)]
+        results += [output.detach().float().cpu().numpy(), *(grad.float().cpu().numpy() for grad in grads)]
     monkeypatch.undo()
     return results, len(ran)
 
@@ -382,13 +382,13 @@ def _model_results(model, images, monkeypatch, fast: bool, training: bool) -> tu
         monkeypatch.setattr(eager_torch, "model_call", lambda *a: ran.append(1) or original(*a))
     else:
         monkeypatch.setattr(eager_torch, "model_applies", lambda *a: None)
-    inputs = images.clone().requires_grad_(images.is_floating_point())
+    inputs = keras.ops.convert_to_tensor(images).clone().requires_grad_(images.is_floating_point())
     output = model(inputs, training=training)
     loss = (output.float() * torch.sin(output.float())).sum()
     weights = [weight.value for weight in model.trainable_weights]
     grads = torch.autograd.grad(loss, [inputs, *weights] if inputs.requires_grad else weights)
     monkeypatch.undo()
-    return [output.detach().float().numpy(), *(grad.float().numpy() for grad in grads)], len(ran)
+    return [output.detach().float().cpu().numpy(), *(grad.float().cpu().numpy() for grad in grads)], len(ran)
 
 
 _MODEL_CASES = {  # name: (dtype policy, ViTConfig fields, ViT arguments, LoRA rank)
@@ -405,32 +405,31 @@ _MODEL_CASES = {  # name: (dtype policy, ViTConfig fields, ViT arguments, LoRA r
 
 
 @_TORCH_ONLY
-@pytest.mark.parametrize("case", list(_MODEL_CASES))
-def test_eager_torch_model_equals_the_functional_graph(case, rng, monkeypatch):
+def test_eager_torch_model_equals_the_functional_graph(rng, monkeypatch):
     """On PyTorch a `ViT` whose blocks are plain runs `eager_torch.model_call` (no Keras layer call per
     layer): its outputs and the gradients of every weight are bit for bit the functional graph's,
-    training and not, across dtype policies, poolings, heads, uint8 input and LoRA."""
-    policy, fields, arguments, lora_rank = _MODEL_CASES[case]
-    keras.config.set_dtype_policy(policy)
+    training and not, across dtype policies, poolings, heads, uint8 input and LoRA (`_MODEL_CASES`)."""
     config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
-    model = ViT(config.replace(**fields), num_classes=5, **arguments)
-    _randomize(model, rng, scale=0.5)
-    if lora_rank:
-        for layer in (model.blocks[0].fc2, model.blocks[1].attention.value_dense, model.head):
-            layer.enable_lora(lora_rank)
-            layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
-    shape = (2, 16, 16, 3)
-    if model.image_dtype == "uint8":
-        images = torch.tensor(rng.integers(0, 256, shape, dtype="uint8"))
-    else:
-        images = torch.tensor(rng.normal(0, 1, shape).astype("float32"))
-    for training in (False, True):
-        fast, calls = _model_results(model, images, monkeypatch, fast=True, training=training)
-        graph, _ = _model_results(model, images, monkeypatch, fast=False, training=training)
-        assert calls == 1, (case, training)
-        assert len(fast) == len(graph)
-        for index, (got, expected) in enumerate(zip(fast, graph, strict=True)):
-            np.testing.assert_array_equal(got, expected, err_msg=f"{case} training={training} result {index}")
+    for case, (policy, fields, arguments, lora_rank) in _MODEL_CASES.items():
+        keras.config.set_dtype_policy(policy)
+        model = ViT(config.replace(**fields), num_classes=5, **arguments)
+        _randomize(model, rng, scale=0.5)
+        if lora_rank:
+            for layer in (model.blocks[0].fc2, model.blocks[1].attention.value_dense, model.head):
+                layer.enable_lora(lora_rank)
+                layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
+        shape = (2, 16, 16, 3)
+        if model.image_dtype == "uint8":
+            images = torch.tensor(rng.integers(0, 256, shape, dtype="uint8"))
+        else:
+            images = torch.tensor(rng.normal(0, 1, shape).astype("float32"))
+        for training in (False, True):
+            fast, calls = _model_results(model, images, monkeypatch, fast=True, training=training)
+            graph, _ = _model_results(model, images, monkeypatch, fast=False, training=training)
+            assert calls == 1, (case, training)
+            assert len(fast) == len(graph)
+            for index, (got, expected) in enumerate(zip(fast, graph, strict=True)):
+                np.testing.assert_array_equal(got, expected, err_msg=f"{case} training={training} #{index}")
 
 
 @_TORCH_ONLY
