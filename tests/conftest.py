@@ -29,9 +29,14 @@ import pytest  # noqa: E402
 
 # The only tests that may skip, by node id (parameters included), and the backends they may skip on.
 EXPECTED_SKIPS = {
-    # the eager fast path of a block is PyTorch's (models/eager_torch.py)
+    # the eager fast paths of a block and of a model are PyTorch's (models/eager_torch.py)
     "tests/models/test_layers.py::test_eager_torch_block_equals_the_keras_ops_path": {"tensorflow", "jax"},
     "tests/models/test_layers.py::test_eager_torch_block_leaves_what_it_does_not_compute_to_the_sublayers": {
+        "tensorflow",
+        "jax",
+    },
+    "tests/models/test_layers.py::test_eager_torch_model_equals_the_functional_graph": {"tensorflow", "jax"},
+    "tests/models/test_layers.py::test_eager_torch_model_leaves_what_it_does_not_compute_to_the_graph": {
         "tensorflow",
         "jax",
     },

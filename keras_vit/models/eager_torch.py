@@ -1,30 +1,39 @@
-"""The encoder block in plain PyTorch calls on Keras's PyTorch backend: the same operations, less host work.
+"""A ViT's arithmetic in plain PyTorch calls on Keras's PyTorch backend: the same operations, less host work.
 
-Keras's PyTorch backend runs eagerly: every sublayer call and every `keras.ops` call does
-Python work (call contexts, dtype checks, tree walks) before its kernel starts, and a Python
-number turned into a device tensor is a host-to-device copy that waits for the GPU. A
-`TransformerBlock` is ten sublayer calls and ~40 ops, so its host work exceeded the GPU's
-kernels (ViT-B/16 training on an H200 ran at 0.36x timm eager, issue 36). `block_call` runs the
-block's arithmetic with `torch` directly, operation for operation as the `keras.ops` path
-(`TransformerBlock.call`), bit for bit the same values and gradients (`tests/models/test_layers.py`),
-and `benchmarks/torch_overhead.py` measures the host work it saves.
+Keras's PyTorch backend runs eagerly: every layer call and every `keras.ops` call does Python work
+(call contexts, dtype checks, tree walks) before its kernel starts, and a Python number turned into
+a device tensor is a host-to-device copy that waits for the GPU. A `TransformerBlock` is ten
+sublayer calls and ~40 ops, so its host work exceeded the GPU's kernels (ViT-B/16 training on an
+H200 ran at 0.36x timm eager, issue 36). `block_call` runs the block's arithmetic with `torch`
+directly, operation for operation as the `keras.ops` path (`TransformerBlock.call`); `model_call`
+runs a whole `ViT` (`ViT.call`) so: its layers in the functional graph's order, the patch
+embedding, class token, position embedding, final LayerNorm and Dense layers as torch calls and the
+rest by their own `call`, without a `Layer.__call__` per layer (20 per forward pass before). Values
+and gradients are bit for bit the `keras.ops` path's and the graph's
+(`tests/models/test_layers.py::test_eager_torch_*`); `benchmarks/torch_overhead.py` measures the
+host work saved.
 
-It runs where the block is plain: not quantized (the sublayers' own calls compute quantized
-kernels), no dropout or stochastic depth to draw while training, no attention scores asked
-for, and attention "plain" or "fused" (`choose_attention`). LoRA kernels are read through
-`Dense.kernel` / `EinsumDense.kernel`, which add the LoRA product, as the sublayers do.
+A block runs here where it is plain: not quantized (the sublayers' own calls compute quantized
+kernels), no dropout or stochastic depth to draw while training, no attention scores asked for,
+and attention "plain" or "fused" (`choose_attention`); a model where every block is, and the input
+is one array of images of its shape (hybrids and models built under a `keras.RematScope` run the
+graph). A layer whose dtype policy is not the model's (the float32 head under mixed precision) is
+still called through `__call__`, for Keras's autocast. LoRA kernels are read through
+`Dense.kernel` / `EinsumDense.kernel`, which add the LoRA product, as the layers do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import weakref
 
 import keras
 import numpy as np
 
 from keras_vit.models.attention import choose_attention, compute_device
 
-__all__ = ["applies", "block_call"]
+__all__ = ["applies", "block_call", "model_applies", "model_call"]
 
 
 def applies(block, training, return_attention_scores: bool) -> str | None:
@@ -100,12 +109,25 @@ def _attention(tokens, attention, implementation: str):
         statistics = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
         scores = torch.softmax(logits.to(statistics), dim=-1).to(logits.dtype)
         context = torch.matmul(scores, value).permute(0, 2, 1, 3)
-    else:  # Keras's op: its choice of PyTorch kernel (flash attention where it applies), as the ops path
-        query, key, value = torch.unbind(qkv, 2)
-        context = keras.ops.dot_product_attention(query, key, value, scale=1.0)
+    else:
+        context = _fused_attention(*torch.unbind(qkv.permute(2, 0, 3, 1, 4), 0)).transpose(1, 2)
     output = attention.output_dense
     projected = torch.matmul(context.reshape(-1, width), _tensor(output.kernel).reshape(width, width))
     return (projected + _tensor(output.bias)).reshape(batch, length, width)
+
+
+def _fused_attention(query, key, value):
+    """`keras.ops.dot_product_attention(..., scale=1.0)` for `(batch, heads, tokens, head_dim)` inputs
+    of one dtype, without its conversions and checks: Keras's choice of kernel (flash attention where
+    PyTorch says it can run, else PyTorch's own choice on contiguous inputs)."""
+    import torch.nn.functional as F
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if can_use_flash_attention(SDPAParams(query, key, value, None, 0.0, False, False), False):
+        with sdpa_kernel(backends=[SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(query, key, value, scale=1.0)
+    return F.scaled_dot_product_attention(query.contiguous(), key.contiguous(), value.contiguous(), scale=1.0)
 
 
 def block_call(block, tokens, implementation: str):
@@ -117,3 +139,136 @@ def block_call(block, tokens, implementation: str):
     hidden = _dense(_layer_norm(tokens, block.norm2).reshape(-1, tokens.shape[-1]), block.fc1)
     hidden = _dense(F.gelu(hidden, approximate="tanh" if block.approximate_gelu else "none"), block.fc2)
     return tokens + hidden.reshape(tokens.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """A `ViT`'s layers in call order, read once (its functional graph never changes)."""
+
+    pixel_normalization: keras.layers.Layer | None
+    patch_embed: keras.layers.Layer
+    class_token: keras.layers.Layer | None
+    pos_embed: keras.layers.Layer
+    pos_dropout: keras.layers.Layer
+    blocks: tuple
+    encoder_norm: keras.layers.Layer
+    pool: keras.layers.Layer | None
+    pre_logits: keras.layers.Layer | None
+    head: keras.layers.Layer | None
+    remat: bool  # built under a `keras.RematScope`: its layer calls recompute activations
+
+
+_PARTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parts(model) -> _Parts:
+    parts = _PARTS.get(model)
+    if parts is None:
+        layers = {layer.name: layer for layer in model.layers}
+        parts = _PARTS[model] = _Parts(
+            layers.get("pixel_normalization"),
+            layers["patch_embed"],
+            layers.get("class_token"),
+            layers["pos_embed"],
+            layers["pos_dropout"],
+            tuple(layers[f"block_{index}"] for index in range(model.config.depth)),
+            layers["encoder_norm"],
+            layers.get("pool"),
+            layers.get("pre_logits"),
+            layers.get("head"),
+            any(getattr(layer, "_remat_mode", None) is not None for layer in (model, *layers.values())),
+        )
+    return parts
+
+
+def model_applies(model, inputs, training) -> tuple[str, ...] | None:
+    """The attention of each block for `model_call` of `model` (a `ViT`) on `inputs`, or None where
+    the functional graph computes the call: another backend, a hybrid, rematerialisation, an input
+    that is not one array of images of the model's shape, dropout to draw, or a block that `applies`
+    leaves to its sublayers."""
+    if keras.backend.backend() != "torch" or model.config.is_hybrid:
+        return None
+    shape = () if isinstance(inputs, (dict, list, tuple)) else tuple(getattr(inputs, "shape", ()))
+    if shape[1:] != model.image_shape:
+        return None
+    parts = _parts(model)
+    if parts.remat or (training and parts.pos_dropout.rate):
+        return None
+    implementations = tuple(applies(block, training, False) for block in parts.blocks)
+    return None if None in implementations else implementations
+
+
+def _patch_embed(images, layer):
+    """`PatchEncoder.call`: the patches cut by a reshape and a transpose, one matrix product."""
+    import torch
+
+    kernel = _tensor(layer.projection.kernel)  # (P, P, C, D)
+    size, channels, width = layer.patch_size, kernel.shape[2], layer.hidden_size
+    rows, columns = images.shape[1] // size, images.shape[2] // size
+    patches = images.reshape(-1, rows, size, columns, size, channels).permute(0, 1, 3, 2, 4, 5)
+    patches = patches.reshape(-1, size * size * channels)
+    tokens = torch.matmul(patches, kernel.reshape(-1, width)) + _tensor(layer.projection.bias)
+    return tokens.reshape(-1, rows * columns, width)
+
+
+def _class_token(tokens, layer):
+    """`ClassToken.call`: the [class] token first."""
+    import torch
+
+    token = _tensor(layer.token).to(tokens.dtype)
+    return torch.cat([torch.broadcast_to(token, (tokens.shape[0], 1, tokens.shape[-1])), tokens], dim=1)
+
+
+def _pos_embed(tokens, layer):
+    """`PositionEmbedding.call`."""
+    return tokens + _tensor(layer.embedding).to(tokens.dtype)
+
+
+def _dense_layer(hidden, layer):
+    """`Dense.call` (its activation too) for a `keras.layers.Dense` with a bias."""
+    return layer.activation(_dense(hidden, layer))
+
+
+def _layer_call(model, layer, inputs, arithmetic=None):
+    """`layer(inputs)` as the model's graph calls it. Where the layer has the model's dtype policy
+    (the same autocast), is not quantized and has no activity regularizer: without Keras's call
+    machinery, as `arithmetic(inputs, layer)` (torch calls, the same operations as its `call`) or
+    its `call`; else its `__call__` (the float32 head under mixed precision)."""
+    direct = (
+        layer.compute_dtype == model.compute_dtype
+        and layer.variable_dtype == model.variable_dtype
+        and layer.autocast
+        and layer.quantization_mode is None
+        and layer.activity_regularizer is None
+    )
+    if not direct:
+        return layer(inputs)
+    inputs = layer.dtype_policy.convert_input(inputs, layer.autocast, layer.input_dtype)
+    return layer.call(inputs) if arithmetic is None else arithmetic(inputs, layer)
+
+
+def model_call(model, inputs, implementations: tuple[str, ...]):
+    """`ViT.call(inputs, training)` where `model_applies` (which chose each block's attention):
+    the graph's layers in its order, each computing as its own call, without a `Layer.__call__`
+    per layer (~0.1 ms of host work each)."""
+    parts = _parts(model)
+    tokens = keras.ops.convert_to_tensor(inputs, dtype=model.image_dtype)  # as the graph's input
+    if parts.pixel_normalization is not None:
+        tokens = _layer_call(model, parts.pixel_normalization, tokens)
+    tokens = _layer_call(model, parts.patch_embed, tokens, _patch_embed)
+    if parts.class_token is not None:
+        tokens = _layer_call(model, parts.class_token, tokens, _class_token)
+    tokens = _layer_call(model, parts.pos_embed, tokens, _pos_embed)
+    for block, implementation in zip(parts.blocks, implementations, strict=True):
+        tokens = block_call(block, tokens, implementation)
+    if not model.config.fc_norm:
+        tokens = _layer_call(model, parts.encoder_norm, tokens, _layer_norm)
+    if parts.pool is None:
+        return tokens
+    tokens = _layer_call(model, parts.pool, tokens)
+    if model.config.fc_norm:
+        tokens = _layer_call(model, parts.encoder_norm, tokens, _layer_norm)
+    for layer in (parts.pre_logits, parts.head):
+        if layer is not None:
+            tokens = _layer_call(model, layer, tokens, _dense_layer)
+    return tokens

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import keras
 import numpy as np
 
-from keras_vit.models import guards
+from keras_vit.models import eager_torch, guards
 from keras_vit.models.layers import (
     ClassToken,
     MultiheadAttentionPooling,
@@ -255,6 +255,15 @@ class ViT(keras.Model):
     def image_shape(self) -> tuple[int, int, int]:
         """`(height, width, channels)` of the input."""
         return (*self.config.image_hw, self.channels)
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        """The functional graph's call; on PyTorch, where every block is plain, the same layers'
+        arithmetic without Keras's per-layer call machinery (`eager_torch.model_call`)."""
+        if mask is None and not kwargs:
+            implementations = eager_torch.model_applies(self, inputs, training)
+            if implementations:
+                return eager_torch.model_call(self, inputs, implementations)
+        return super().call(inputs, training=training, mask=mask, **kwargs)
 
     # --- input checks and a usable model after a failure (`keras_vit.models.guards`) -------------
     def __call__(self, *args, **kwargs):

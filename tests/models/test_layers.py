@@ -26,6 +26,7 @@ from keras_vit import (
     resize_pos_embed,
 )
 from keras_vit.models.build import build_vit
+from keras_vit.models.vit import ViT
 from keras_vit.registry.variants import ViTConfig
 
 TOLERANCE = 1e-5
@@ -312,11 +313,11 @@ def _block_results(block, tokens, monkeypatch, fast: bool) -> list:
         monkeypatch.setattr(eager_torch, "applies", lambda *a: False)
     results = []
     for training in (True, False):
-        inputs = tokens.clone().requires_grad_(True)
+        inputs = keras.ops.convert_to_tensor(tokens).clone().requires_grad_(True)  # on Keras's device
         output = block(inputs, training=training)
         loss = (output.float() * torch.sin(output.float())).sum()
         grads = torch.autograd.grad(loss, [inputs, *(weight.value for weight in block.trainable_weights)])
-        results += [output.detach().float().numpy(), *(grad.float().numpy() for grad in grads)]
+        results += [output.detach().float().cpu().numpy(), *(grad.float().cpu().numpy() for grad in grads)]
     monkeypatch.undo()
     return results, len(ran)
 
@@ -369,6 +370,91 @@ def test_eager_torch_block_leaves_what_it_does_not_compute_to_the_sublayers():
     quantized = block()
     quantized.fc1.quantize("int8")
     assert not eager_torch.applies(quantized, False, False)
+
+
+def _model_results(model, images, monkeypatch, fast: bool, training: bool) -> tuple[list, int]:
+    """A `ViT`'s output and the gradients of every trainable weight (and of float images) through
+    `eager_torch.model_call` (`fast`) or the functional graph, and how often `model_call` ran."""
+    from keras_vit.models import eager_torch
+
+    ran, original = [], eager_torch.model_call
+    if fast:
+        monkeypatch.setattr(eager_torch, "model_call", lambda *a: ran.append(1) or original(*a))
+    else:
+        monkeypatch.setattr(eager_torch, "model_applies", lambda *a: None)
+    inputs = keras.ops.convert_to_tensor(images).clone().requires_grad_(images.is_floating_point())
+    output = model(inputs, training=training)
+    loss = (output.float() * torch.sin(output.float())).sum()
+    weights = [weight.value for weight in model.trainable_weights]
+    grads = torch.autograd.grad(loss, [inputs, *weights] if inputs.requires_grad else weights)
+    monkeypatch.undo()
+    return [output.detach().float().cpu().numpy(), *(grad.float().cpu().numpy() for grad in grads)], len(ran)
+
+
+_MODEL_CASES = {  # name: (dtype policy, ViTConfig fields, ViT arguments, LoRA rank)
+    "float32": ("float32", {}, {}, 0),
+    "bfloat16": ("mixed_bfloat16", {}, {}, 0),
+    "gap_fc_norm_pre_logits": ("float32", {"pooling": "gap", "fc_norm": True}, {"representation_size": 8}, 0),
+    "map_no_class_token": ("mixed_bfloat16", {"pooling": "map", "class_token": False}, {}, 0),
+    "tokens": ("float32", {"pooling": None}, {"include_top": False}, 0),
+    "uint8": ("float32", {}, {"image_dtype": "uint8", "classifier_activation": "softmax"}, 0),
+    "uint8_fc_norm": ("mixed_bfloat16", {"pooling": "gap", "fc_norm": True}, {"image_dtype": "uint8"}, 0),
+    "lora_plain_attention": ("float32", {}, {"attention_implementation": "plain"}, 2),
+    "lora_bfloat16": ("mixed_bfloat16", {}, {}, 2),
+}
+
+
+@_TORCH_ONLY
+def test_eager_torch_model_equals_the_functional_graph(rng, monkeypatch):
+    """On PyTorch a `ViT` whose blocks are plain runs `eager_torch.model_call` (no Keras layer call per
+    layer): its outputs and the gradients of every weight are bit for bit the functional graph's,
+    training and not, across dtype policies, poolings, heads, uint8 input and LoRA (`_MODEL_CASES`)."""
+    config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
+    for case, (policy, fields, arguments, lora_rank) in _MODEL_CASES.items():
+        keras.config.set_dtype_policy(policy)
+        model = ViT(config.replace(**fields), num_classes=5, **arguments)
+        _randomize(model, rng, scale=0.5)
+        if lora_rank:
+            for layer in (model.blocks[0].fc2, model.blocks[1].attention.value_dense, model.head):
+                layer.enable_lora(lora_rank)
+                layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
+        shape = (2, 16, 16, 3)
+        if model.image_dtype == "uint8":
+            images = torch.tensor(rng.integers(0, 256, shape, dtype="uint8"))
+        else:
+            images = torch.tensor(rng.normal(0, 1, shape).astype("float32"))
+        for training in (False, True):
+            fast, calls = _model_results(model, images, monkeypatch, fast=True, training=training)
+            graph, _ = _model_results(model, images, monkeypatch, fast=False, training=training)
+            assert calls == 1, (case, training)
+            assert len(fast) == len(graph)
+            for index, (got, expected) in enumerate(zip(fast, graph, strict=True)):
+                np.testing.assert_array_equal(got, expected, err_msg=f"{case} training={training} #{index}")
+
+
+@_TORCH_ONLY
+def test_eager_torch_model_leaves_what_it_does_not_compute_to_the_graph():
+    """Dropout to draw, a quantized, hybrid or rematerialised model and inputs other than one image
+    array run the functional graph (each layer's own call)."""
+    from keras_vit.models import eager_torch
+
+    config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
+    images = torch.zeros((2, 16, 16, 3))
+    plain = ViT(config, num_classes=5)
+    assert eager_torch.model_applies(plain, images, True) == ("fused", "fused")
+    assert not eager_torch.model_applies(plain, {"images": images}, False)
+    assert not eager_torch.model_applies(plain, images[0], False)
+    for option in ("dropout", "attention_dropout", "drop_path_rate"):
+        model = ViT(config, num_classes=5, **{option: 0.1})
+        assert eager_torch.model_applies(model, images, False), option
+        assert not eager_torch.model_applies(model, images, True), option
+    plain.blocks[1].fc1.quantize("int8")
+    assert not eager_torch.model_applies(plain, images, False)
+    hybrid = ViT(config.replace(resnet_stages=(), patch_size=1), num_classes=5)
+    assert not eager_torch.model_applies(hybrid, images, False)
+    with keras.RematScope("full"):
+        rematerialised = ViT(config, num_classes=5)
+    assert not eager_torch.model_applies(rematerialised, images, False)
 
 
 def test_transformer_block_attention_scores_are_softmax_qk(rng):
