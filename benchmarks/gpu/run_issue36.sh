@@ -14,7 +14,9 @@
 #   3. benchmarks/gpu.py: torch's matmul rates, timm eager, timm + torch.compile (foreach AdamW),
 #      timm + torch.compile with fused AdamW, keras_vit on Keras's torch backend, on the same two
 #      cases (160 s);
-#   4. benchmarks/input_probe.py: JPEG decoding + augmentation on the machine's CPUs (the rest, <= 75 s).
+#   4. benchmarks/gpu/eager_torch_check.py: Keras's PyTorch backend's whole-model path against the
+#      functional graph on CUDA, bit for bit, where flash attention runs (40 s);
+#   5. benchmarks/input_probe.py: JPEG decoding + augmentation on the machine's CPUs (what is left, <= 75 s).
 # second (TOTAL=360 s): XLA flags on the stock ViT-B/16 training step (one process per flag set, 55 s
 #   each), then ViT-S/16 bf16 training (batch 128): keras_vit JAX (variants: $S16_VARIANTS, default
 #   stock), timm eager, timm + torch.compile with fused and with foreach AdamW.
@@ -73,6 +75,8 @@ if [[ "$STAGE" == "first" ]]; then
     stage timm_and_torch 160 "$PYTHON" benchmarks/gpu.py --output "$RESULTS" --budget 150 \
         --cases matmul_bf16_8192 matmul_tf32_8192 train_b16_bf16_bs64 infer_b16_bf16_bs256 \
         --competitors timm timm_compiled timm_compiled_fused keras_vit_torch "${TINY[@]}"
+    KERAS_BACKEND=torch stage eager_torch_check 40 "$PYTHON" benchmarks/gpu/eager_torch_check.py \
+        --output "$RESULTS" "${TINY[@]}"
     LIMIT=$(($(left) - 5))
     ((LIMIT > 75)) && LIMIT=75
     stage input_probe $((LIMIT + 5)) "$PYTHON" benchmarks/input_probe.py --output "$RESULTS" \
