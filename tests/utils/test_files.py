@@ -275,6 +275,25 @@ def test_removing_a_backup_removes_only_what_the_run_wrote(tmp_path):
     assert (elsewhere / "epoch-000001.weights.h5").read_text() == "the user's"
 
 
+def test_removing_a_backup_that_a_partner_process_removes_meanwhile(tmp_path, monkeypatch):
+    """A multi-process run's processes finish side by side: once the chief's backup files are gone
+    another process may remove the emptied folder before the chief does. Not an error."""
+    backup = tmp_path / "run" / "backup"
+    _backup_of(backup, {"steps": 16})
+    real_remove, left = os.remove, len(_names(backup))
+
+    def remove_then_partner(path):
+        nonlocal left
+        real_remove(path)
+        left -= 1
+        if not left:  # the partner saw the folder empty
+            os.rmdir(backup)
+
+    monkeypatch.setattr(os, "remove", remove_then_partner)
+    runs.remove_backup(str(backup))
+    assert not backup.exists() and (tmp_path / "run").exists()
+
+
 def test_a_backup_folder_that_is_a_link_is_neither_entered_nor_written(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     _backup_of(elsewhere, {"steps": 16})

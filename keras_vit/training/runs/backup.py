@@ -7,6 +7,7 @@ finished run's backup.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -269,10 +270,13 @@ def refuse_links(backup_dir: str) -> None:
 
 def remove_backup(backup_dir: str) -> None:
     """Delete a finished run's backup: only the files `EpochBackup` wrote (its names, regular files),
-    then the folder if that left it empty. A folder that is a symbolic link is not entered."""
+    then the folder if that left it empty. A folder that is a symbolic link is not entered. The
+    other processes of a multi-process run finish beside it (each its own `worker-N` folder inside
+    the chief's), and any of them may remove the chief's folder once it is empty: a folder still
+    holding something, or already gone, is left as it is."""
     if os.path.islink(backup_dir) or not os.path.isdir(backup_dir):
         return
     for entry in _own_files(backup_dir):
         os.remove(os.path.join(backup_dir, entry))
-    if not os.listdir(backup_dir):
+    with contextlib.suppress(OSError):  # not empty (a user's file, a partner's folder) or removed already
         os.rmdir(backup_dir)
