@@ -1,10 +1,14 @@
-"""The machine a benchmark ran on, as its results record it (shared by the benchmark scripts)."""
+"""The machine a benchmark ran on, as its results record it (shared by the benchmark scripts); the CPU's
+model name is the package's (`keras_vit.utils.environment.cpu_model`, what run reports record)."""
 
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
+
+from keras_vit.utils.environment import cpu_model
+
+__all__ = ["ISA_FLAGS", "busy_seconds", "cpu_model", "isa_flags", "lscpu"]
 
 # The instruction-set flags that decide matmul speed on a CPU.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
@@ -18,11 +22,6 @@ def lscpu(*fields: str) -> dict[str, str]:
         return {}
     pairs = (line.split(":", 1) for line in output.splitlines() if ":" in line)
     return {key.strip(): value.strip() for key, value in pairs if key.strip() in fields}
-
-
-def cpu_model() -> str:
-    """`lscpu`'s "Model name" (the platform's processor name without lscpu)."""
-    return lscpu("Model name").get("Model name") or platform.processor() or platform.machine()
 
 
 def isa_flags() -> list[str]:

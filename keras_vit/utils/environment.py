@@ -37,6 +37,7 @@ __all__ = [
     "tensorflow_loads_quietly",
     "DISTRIBUTION",
     "checkout_root",
+    "cpu_model",
     "enable_onednn",
     "install_hint",
     "machine",
@@ -216,7 +217,8 @@ def install_hint(extra: str) -> str:
     return f'pip install -e ".[{extra}]"' if here else f'pip install -e "{root}[{extra}]"'
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; elsewhere the platform's processor name)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as file:
             for line in file:
@@ -250,7 +252,7 @@ def _gpus() -> list[dict]:
 def machine() -> dict:
     """The hardware of this process: CPU model and cores, GPUs, operating system, host name."""
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "gpus": _gpus(),
