@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -320,47 +321,35 @@ def case_3() -> dict:
         )
 
 
-def case_4() -> dict:
-    return mismatch(
-        "4",
+_RUN = [*MP, "--output-dir", "run"]
+# Cases 4-7, multi-process mismatches (`mismatch`): what differs, process 0's and process 1's flags, the
+# word each error line names.
+MISMATCHES = {
+    "4": (
         "two processes, --output-dir a / --output-dir b",
         ["--process-id", "0", *MP, "--output-dir", "a"],
         ["--process-id", "1", *MP, "--output-dir", "b"],
         "output",
-    )
-
-
-def case_5() -> dict:
-    flags = [*MP, "--output-dir", "run"]
-    return mismatch(
-        "5",
+    ),
+    "5": (
         "two processes, --batch-size 16 / 32",
-        ["--process-id", "0", *flags],
-        ["--process-id", "1", *flags, "--batch-size", "32"],
+        ["--process-id", "0", *_RUN],
+        ["--process-id", "1", *_RUN, "--batch-size", "32"],
         "batch",
-    )
-
-
-def case_6() -> dict:
-    flags = [*MP, "--output-dir", "run"]
-    return mismatch(
-        "6",
+    ),
+    "6": (
         "two processes, --steps 4 / 6",
-        ["--process-id", "0", *flags],
-        ["--process-id", "1", *flags, "--steps", "6"],
+        ["--process-id", "0", *_RUN],
+        ["--process-id", "1", *_RUN, "--steps", "6"],
         "steps",
-    )
-
-
-def case_7() -> dict:
-    flags = [*MP, "--output-dir", "run"]
-    return mismatch(
-        "7",
+    ),
+    "7": (
         "two processes, both --process-id 0",
-        ["--process-id", "0", *flags],
-        ["--process-id", "0", *flags],
+        ["--process-id", "0", *_RUN],
+        ["--process-id", "0", *_RUN],
         "process",
-    )
+    ),
+}
 
 
 def training_pair(cwd: str, prefix: list[str] = ()) -> tuple[list[subprocess.Popen], Path]:
@@ -991,10 +980,7 @@ CASES = {
     "1b": case_1b,
     "2": case_2,
     "3": case_3,
-    "4": case_4,
-    "5": case_5,
-    "6": case_6,
-    "7": case_7,
+    **{name: functools.partial(mismatch, name, *row) for name, row in MISMATCHES.items()},
     "8a": case_8a,
     "8b": case_8b,
     "8c": case_8c,
