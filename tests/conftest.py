@@ -11,6 +11,7 @@ skip is reported as a failure.
 
 import os
 import socket
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach the network
@@ -23,6 +24,7 @@ import torch  # noqa: F401, E402
 import transformers  # noqa: F401, E402
 
 # isort: on
+import huggingface_hub  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -121,6 +123,16 @@ def network_attempts(monkeypatch) -> list:
     monkeypatch.setattr(socket.socket, "connect", refuse_connection)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse_connection)
     return attempts
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty hub cache under tmp_path that hf_hub_download uses by default; offline mode on."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache
 
 
 @pytest.fixture

@@ -14,14 +14,9 @@ that model for `create_model(..., pretrained=)` and `keras_vit.load_pretrained`;
   `keras_vit.push_to_hub` wrote, has `keras_vit.json` (`read_shared`): the weights file, its
   format and the model's exact config (numerics, heads, layout).
 
-Downloads go through `huggingface_hub.hf_hub_download`: its cache (`HF_HUB_CACHE`), its
-progress bar, and `HF_HUB_OFFLINE=1` to use only what is cached. A file not in the cache is
-first checked for a network: a TCP connection to the hub's host (or the proxy) must open within
-`HUB_PROBE_SECONDS`, else the error comes at once instead of after huggingface_hub's ~25 s of
-retries. A failure raises `WeightsUnavailableError` naming the repo and file, the cache, and how
-to load a local file instead (command line and Python). A
-cached file that turns out corrupt (truncated, wrong sha256) is deleted before the error is
-raised, so the next run downloads it again instead of trusting it.
+Downloads are `keras_vit.utils.hub.hub_download`'s (the hub cache, a network check that fails
+at once, sha256 checks); a cached checkpoint that turns out unreadable is deleted here before
+the error is raised, so the next run downloads it again.
 
 A model built from a tag is named after it (`model.name == "vit_b16.augreg2_in21k_ft_in1k"`
 unless `name=` is given) and has `model.pretrained_tag`; the name survives `.keras` saving,
@@ -33,22 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import re
-import socket
-import threading
-import urllib.parse
-import urllib.request
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from huggingface_hub import constants as hub_constants
-from huggingface_hub import hf_hub_download, try_to_load_from_cache
+from huggingface_hub import try_to_load_from_cache
 
 from keras_vit.checkpoints import (
     CheckpointError,
@@ -62,13 +51,14 @@ from keras_vit.registry import catalog
 from keras_vit.registry.variants import ViTConfig, architecture, config_of, get_config, variant_for
 from keras_vit.utils.defaults import METADATA_FILE
 from keras_vit.utils.files import ChecksumError, file_sha256, json_sha256
+from keras_vit.utils.hub import WeightsIntegrityError, WeightsUnavailableError, hub_download, remove_cached
 
 if TYPE_CHECKING:  # no Keras import here: a pretrained= value is resolved (and refused) before Keras loads
     import keras
 
 __all__ = [
     "Checkpoint",  # what resolve_pretrained returns (defined in checkpoints.loading)
-    "WeightsIntegrityError",
+    "WeightsIntegrityError",  # the download errors (defined in utils.hub)
     "WeightsUnavailableError",
     "checkpoint_record",
     "download_checkpoint",
@@ -85,122 +75,6 @@ DEFAULT_FILENAME = "model.safetensors"
 HUB_PREFIX = "hf-hub:"
 _CHECKPOINT_SUFFIXES = (".safetensors", ".npz", ".bin", ".pt", ".pth")
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-# How long a TCP connection to the hub may take before the machine counts as offline.
-HUB_PROBE_SECONDS = 1.5
-
-
-def _local_hint(variant: str | None, cache_dir: str | os.PathLike | None = None) -> str:
-    """How to do without the download: a local copy (command line and Python), the cache, offline mode."""
-    build = f"keras_vit.{variant}(" if variant else "keras_vit.create_model('<variant>', "
-    cache = os.fspath(cache_dir) if cache_dir is not None else hub_constants.HF_HUB_CACHE
-    return (
-        "To use a checkpoint file you already have, pass its path: on the command line "
-        "`--weights /path/to/model.safetensors` (`--pretrained /path/to/model.safetensors` for "
-        f"train/finetune), in Python {build}pretrained='/path/to/model.safetensors') or "
-        "keras_vit.load_weights(model, '/path/to/model.safetensors'). Downloaded files are cached in "
-        f"{cache} (HF_HUB_CACHE) and used from there without network"
-        + (
-            " (HF_HUB_OFFLINE is set: only those are used)."
-            if hub_constants.HF_HUB_OFFLINE
-            else "; set HF_HUB_OFFLINE=1 to use only cached files and never wait for the network."
-        )
-    )
-
-
-def _probe_target(endpoint: str | None) -> tuple[str, int, str]:
-    """`(host, port, what)`: where a download from `endpoint` connects first (the proxy, if one is set)."""
-    url = urllib.parse.urlsplit(endpoint or hub_constants.ENDPOINT)
-    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
-    proxy = urllib.request.getproxies().get(url.scheme) or urllib.request.getproxies().get("all")
-    if proxy and not urllib.request.proxy_bypass(host):
-        proxy_url = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        return proxy_url.hostname or "", proxy_url.port or 80, f"the proxy {proxy_url.hostname}"
-    return host, port, host
-
-
-def _hub_unreachable(endpoint: str | None, timeout: float = HUB_PROBE_SECONDS) -> str | None:
-    """`None` if a TCP connection to the hub (or its proxy) opens within `timeout` s, else why not.
-
-    Name resolution has no timeout of its own, so the attempt runs in a daemon thread that is
-    waited for at most `timeout` seconds.
-    """
-    host, port, what = _probe_target(endpoint)
-    outcome: dict[str, str] = {}
-
-    def connect():
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                outcome["ok"] = ""
-        except OSError as error:
-            outcome["error"] = f"{type(error).__name__}: {error}"
-
-    thread = threading.Thread(target=connect, name="keras_vit-hub-probe", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if "ok" in outcome:
-        return None
-    reason = outcome.get("error", f"no answer within {timeout:g} s")
-    return f"no network connection to {what} (port {port}: {reason})"
-
-
-class WeightsUnavailableError(OSError):
-    """A checkpoint could not be obtained: no network, offline cache miss, or unknown repo/file."""
-
-
-class WeightsIntegrityError(WeightsUnavailableError):
-    """A downloaded or cached checkpoint is corrupt (truncated, wrong sha256); it was deleted."""
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _remove_cached(path: str) -> None:
-    """Delete a hub-cache file: the snapshot entry and the blob it links to."""
-    for target in {os.path.realpath(path), path}:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(target)
-
-
-def _hub_download(
-    repo: str,
-    filename: str,
-    *,
-    sha256: str | None = None,
-    label: str,
-    variant: str | None,
-    cache_dir: str | os.PathLike | None,
-    endpoint: str | None = None,
-    note: str = "",
-) -> str:
-    where = f"{note}Could not get {filename!r} from the Hugging Face Hub repo {repo!r} for {label}"
-    if not hub_constants.HF_HUB_OFFLINE and not isinstance(
-        try_to_load_from_cache(repo, filename, cache_dir=cache_dir), str
-    ):  # not cached: fail at once without a network, instead of after ~25 s of retries
-        unreachable = _hub_unreachable(endpoint)
-        if unreachable is not None:
-            raise WeightsUnavailableError(
-                f"{where}: {unreachable}. Check the network. {_local_hint(variant, cache_dir)}"
-            )
-    try:
-        path = hf_hub_download(repo, filename, cache_dir=cache_dir, endpoint=endpoint)
-    except Exception as error:  # the transport's errors differ between huggingface_hub versions
-        if hub_constants.HF_HUB_OFFLINE:
-            reason = "HF_HUB_OFFLINE is set, so only cached files count, and this one is not in the cache"
-        else:
-            reason = f"{type(error).__name__}: {' '.join(str(error).split()).rstrip('.')}. Check the network"
-        raise WeightsUnavailableError(f"{where}: {reason}. {_local_hint(variant, cache_dir)}") from error
-    if sha256 and _sha256(path) != sha256.lower():
-        _remove_cached(path)
-        raise WeightsIntegrityError(
-            f"{filename!r} from {repo!r} does not have the sha256 the catalog lists for {label} "
-            f"({sha256}); the file was deleted from the cache: run again to download it anew."
-        )
-    return path
 
 
 def download_checkpoint(
@@ -215,39 +89,7 @@ def download_checkpoint(
     name from the catalog, else `model.safetensors`). `cache_dir` and `endpoint` are passed to
     `huggingface_hub.hf_hub_download` (defaults: `HF_HUB_CACHE`, `HF_ENDPOINT`).
     """
-    entry = source if isinstance(source, catalog.CatalogEntry) else catalog.lookup(source)
-    return _download(entry, source, cache_dir=cache_dir, endpoint=endpoint)
-
-
-def _download(
-    entry: catalog.CatalogEntry | None,
-    repo: str,
-    *,
-    cache_dir: str | os.PathLike | None,
-    endpoint: str | None = None,
-    variant: str | None = None,
-    note: str = "",
-) -> str:
-    """The catalog row's file (sha256 checked), or for no row the repo's model.safetensors (unchecked)."""
-    if entry is None:
-        return _hub_download(
-            repo,
-            DEFAULT_FILENAME,
-            label=f"checkpoint {repo!r}",
-            variant=variant,
-            cache_dir=cache_dir,
-            endpoint=endpoint,
-            note=note,
-        )
-    return _hub_download(
-        entry.hub_repo,
-        entry.filename,
-        sha256=entry.sha256,
-        label=f"checkpoint {entry.tag!r}",
-        variant=entry.variant,
-        cache_dir=cache_dir,
-        endpoint=endpoint,
-    )
+    return _find(source, None, cache_dir, endpoint)[0]
 
 
 def _check_fits(
@@ -266,33 +108,6 @@ def _check_fits(
     )
 
 
-def _locate(
-    source, variant: str | None, cache_dir: str | os.PathLike | None
-) -> tuple[str, catalog.CatalogEntry | None, bool]:
-    """(local path, catalog row or None, whether the path is in the hub cache) of a `pretrained=` value."""
-    if source is not True:
-        if not isinstance(source, (str, os.PathLike)):
-            raise TypeError(
-                f"pretrained must be False, True, a tag, a file path or a hub repo id, got {source!r}."
-            )
-        path = os.path.expanduser(os.fspath(source))
-        if os.path.exists(path):
-            return path, None, False
-        if not isinstance(source, str) or path.endswith(_CHECKPOINT_SUFFIXES):
-            raise FileNotFoundError(
-                f"No checkpoint file {path!r}. pretrained= takes True, a tag such as 'augreg_in21k_ft_in1k' "
-                "(keras_vit.list_pretrained()), a local file path, or a hub repo id 'org/name'."
-            )
-        if "/" in source and not _REPO_ID.fullmatch(source):
-            raise ValueError(
-                f"pretrained={source!r} is neither a local file nor a hub repo id 'org/name' nor a tag "
-                "(keras_vit.list_pretrained())."
-            )
-    entry = catalog.lookup(source, variant)  # True, a tag or a repo id: the one catalog question
-    note = f"{source!r} is no local file, so it was taken as a hub repo id. "
-    return _download(entry, source, cache_dir=cache_dir, variant=variant, note=note), entry, True
-
-
 def fetch_pretrained(
     source, variant: str | None = None, *, cache_dir: str | os.PathLike | None = None
 ) -> None:
@@ -306,20 +121,58 @@ def fetch_pretrained(
 
 
 def _find(
-    source, variant: str | None, cache_dir: str | os.PathLike | None
+    source, variant: str | None, cache_dir: str | os.PathLike | None, endpoint: str | None = None
 ) -> tuple[str, catalog.CatalogEntry | None, bool, dict | None]:
     """(weights file, catalog row or None, whether it is in the hub cache, its folder's keras_vit.json
     record or None) of a `pretrained=` value, downloaded first if needed."""
-    metadata = None
     if isinstance(source, str) and source.startswith(HUB_PREFIX):
         path, metadata = read_shared(source, variant=variant, cache_dir=cache_dir)
         return path, None, True, metadata
-    path, entry, from_hub = _locate(source, variant, cache_dir)
-    if os.path.isdir(path):
-        path, metadata = read_shared(path)
-    elif not from_hub:  # the weights file of a save_pretrained folder: that folder's record
-        metadata = _record_of(path)
-    return path, entry, from_hub, metadata
+    if source is not True and not isinstance(source, catalog.CatalogEntry):
+        if not isinstance(source, (str, os.PathLike)):
+            raise TypeError(
+                f"pretrained must be False, True, a tag, a file path or a hub repo id, got {source!r}."
+            )
+        path = os.path.expanduser(os.fspath(source))
+        if os.path.isdir(path):
+            weights, metadata = read_shared(path)
+            return weights, None, False, metadata
+        if os.path.exists(path):  # the weights file of a save_pretrained folder: that folder's record
+            return path, None, False, _record_of(path)
+        if not isinstance(source, str) or path.endswith(_CHECKPOINT_SUFFIXES):
+            raise FileNotFoundError(
+                f"No checkpoint file {path!r}. pretrained= takes True, a tag such as 'augreg_in21k_ft_in1k' "
+                "(keras_vit.list_pretrained()), a local file path, or a hub repo id 'org/name'."
+            )
+        if "/" in source and not _REPO_ID.fullmatch(source):
+            raise ValueError(
+                f"pretrained={source!r} is neither a local file nor a hub repo id 'org/name' nor a tag "
+                "(keras_vit.list_pretrained())."
+            )
+    # True, a tag or a repo id: the one catalog question (a row given is taken as it is)
+    entry = source if isinstance(source, catalog.CatalogEntry) else catalog.lookup(source, variant)
+    if entry is None:  # a repo the catalog does not list: its model.safetensors, unchecked
+        note = f"{source!r} is no local file, so it was taken as a hub repo id. "
+        path = hub_download(
+            source,
+            DEFAULT_FILENAME,
+            label=f"checkpoint {source!r}",
+            variant=variant,
+            cache_dir=cache_dir,
+            endpoint=endpoint,
+            note=note,
+        )
+    else:  # the catalog row's file, sha256 checked
+        path = hub_download(
+            entry.hub_repo,
+            entry.filename,
+            sha256=entry.sha256,
+            label=f"checkpoint {entry.tag!r}",
+            variant=entry.variant,
+            cache_dir=cache_dir,
+            endpoint=endpoint,
+        )
+    return path, entry, True, None
 
 
 def hub_repo_files(
@@ -334,7 +187,7 @@ def hub_repo_files(
     if not _REPO_ID.fullmatch(repo):
         raise ValueError(f"{HUB_PREFIX}{repo} does not name a Hub repo: use {HUB_PREFIX}org/name.")
     download = functools.partial(
-        _hub_download, repo, label=f"checkpoint {HUB_PREFIX}{repo}", variant=variant, cache_dir=cache_dir
+        hub_download, repo, label=f"checkpoint {HUB_PREFIX}{repo}", variant=variant, cache_dir=cache_dir
     )
     try:
         metadata_path = download(METADATA_FILE)
@@ -490,7 +343,7 @@ def _read(path: str, from_hub: bool, label: str) -> dict[str, np.ndarray]:
     except CheckpointError as error:
         if not from_hub:
             raise
-        _remove_cached(path)
+        remove_cached(path)
         raise WeightsIntegrityError(
             f"The cached checkpoint for {label} ({path}) is corrupt: {error}. It was deleted from the "
             "Hugging Face cache: run again to download it anew."
@@ -557,7 +410,7 @@ def checkpoint_record(source, model: keras.Model | None = None) -> dict | None:
             cached = try_to_load_from_cache(repo, filename)
             path = cached if isinstance(cached, str) else None
     if path is not None:
-        record.update(file=os.path.abspath(path), bytes=os.path.getsize(path), sha256=_sha256(path))
+        record.update(file=os.path.abspath(path), bytes=os.path.getsize(path), sha256=file_sha256(path))
     return record
 
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import http.server
 import json
 import re
-import threading
 from importlib import resources
 from pathlib import Path
 
-import huggingface_hub
 import keras
 import numpy as np
 import pytest
@@ -20,6 +17,7 @@ import safetensors.torch
 import timm
 import torch
 from helpers import random_images
+from helpers.hub_cache import cached_files, populate_cache
 from timm.models import get_pretrained_cfg
 from timm.models.vision_transformer_hybrid import checkpoint_filter_fn
 
@@ -31,7 +29,6 @@ from keras_vit.registry import catalog
 from keras_vit.registry.variants import VARIANTS
 
 DEFAULT_REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # vit_ti16's default tag
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOLERANCE = 4.5e-6  # max |logit difference| vs timm and transformers: largest gap 2.2e-6
 FEATURES_TOLERANCE = 8e-6  # the [class] token's features vs timm: largest gap 4e-6
 HYBRID_TOLERANCE = 1.5e-5  # R+ViT-Ti/16 at 384 px vs timm: largest gap 7.3e-6
@@ -51,39 +48,6 @@ def timm_tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
     safetensors.torch.save_file(model.state_dict(), str(path))
     return model, path
-
-
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch) -> Path:
-    """An empty hub cache under tmp_path that hf_hub_download uses by default; offline mode on."""
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    return cache
-
-
-def populate_cache(cache: Path, repo: str, filename: str, data: bytes) -> Path:
-    """Lay out a file as huggingface_hub caches it: a blob, a snapshot symlink, refs/main."""
-    root = cache / f"models--{repo.replace('/', '--')}"
-    blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-    blob.parent.mkdir(parents=True)
-    blob.write_bytes(data)
-    link = root / "snapshots" / COMMIT / filename
-    link.parent.mkdir(parents=True)
-    link.symlink_to(Path("..", "..", "blobs", blob.name))
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text(COMMIT)
-    return link
-
-
-def cached_files(cache: Path) -> list[str]:
-    """Files under blobs/ and snapshots/: what a later run could take for a checkpoint."""
-    return sorted(
-        str(path.relative_to(cache))
-        for path in cache.rglob("*")
-        if (path.is_file() or path.is_symlink()) and {"blobs", "snapshots"} & set(path.parts)
-    )
 
 
 def one_hot(width: int, index: int) -> np.ndarray:
@@ -273,60 +237,13 @@ def test_sha256_is_verified_and_a_mismatch_deletes_the_file(hub_cache):
     assert cached_files(hub_cache) == []
 
 
-class _FakeHub(http.server.BaseHTTPRequestHandler):
-    """Serves one file like the hub's /resolve/ endpoint. With `truncate`, the first GET drops
-    the connection half-way through the body and the client's retry gets a 500."""
-
-    body = b""
-    truncate = False
-    gets = 0
-
-    def _headers(self, status: int = 200) -> None:
-        self.send_response(status)
-        self.send_header("X-Repo-Commit", COMMIT)
-        self.send_header("ETag", f'"{hashlib.sha256(self.body).hexdigest()}"')
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-
-    def do_HEAD(self):  # noqa: N802 (http.server's naming)
-        self._headers()
-
-    def do_GET(self):  # noqa: N802
-        type(self).gets += 1
-        if self.truncate and self.gets > 1:
-            self.send_error(500)
-            return
-        self._headers()
-        self.wfile.write(self.body[: len(self.body) // 2] if self.truncate else self.body)
-        self.wfile.flush()
-        self.close_connection = True
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.mark.parametrize("truncate", [False, True], ids=["complete", "dropped-mid-body"])
-def test_download_through_fake_hub_leaves_no_partial_file(tmp_path, monkeypatch, truncate):
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    handler = type("Handler", (_FakeHub,), {"body": bytes(range(256)) * 4096, "truncate": truncate})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    cache = tmp_path / "hub"
-    try:
-        download = lambda: kp.download_checkpoint(  # noqa: E731
-            "someone/vit-test", cache_dir=cache, endpoint=f"http://127.0.0.1:{server.server_port}"
-        )
-        if not truncate:
-            assert Path(download()).read_bytes() == handler.body
-            return
-        with pytest.raises(kp.WeightsUnavailableError, match=r"'model.safetensors'.*'someone/vit-test'"):
-            download()
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert cached_files(cache) == []
-    assert not list(cache.rglob("*.incomplete"))
+def test_download_checkpoint_reads_its_argument_as_pretrained_does(hub_cache, tmp_path):
+    local = tmp_path / "model.safetensors"
+    local.write_bytes(b"weights")
+    assert kp.download_checkpoint(str(local)) == str(local)  # a local file is no hub repo id
+    with pytest.raises(ValueError, match="neither a local file nor a hub repo id"):
+        kp.download_checkpoint("org/name/extra")
+    assert cached_files(hub_cache) == []
 
 
 # ---------------------------------------------------------------- building to fit a checkpoint

@@ -19,6 +19,7 @@ import torch
 import transformers
 from helpers import REPO, random_images
 from helpers import checkpoint_writers as writers
+from helpers.hub_cache import COMMIT
 
 import keras_vit
 from keras_vit.checkpoints.formats import FORMATS
@@ -34,7 +35,6 @@ LABELS = [f"class_{index}" for index in range(5)]
 TOLERANCE = 7e-7  # max |logit difference| vs timm and transformers: about twice the largest gap (3.6e-7)
 POOLED_TOLERANCE = 4e-7  # class-token-free (GAP, MAP) models vs timm: largest gap 1.9e-7
 TOKENS_TOLERANCE = 1.7e-6  # the whole token sequence vs timm: largest gap 8.3e-7
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def random_model(config: ViTConfig = TINY, seed: int = 0, **kwargs) -> keras.Model:
