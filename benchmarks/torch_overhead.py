@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from machine import lscpu
+from machine import isa_flags, lscpu
 
 WIDTH, DEPTH, HEADS, MLP, PATCH, IMAGE, BATCH, CLASSES = 32, 12, 2, 64, 16, 32, 2, 10
 COMPETITORS = ("keras_vit", "timm")
@@ -154,7 +154,7 @@ def main() -> None:
         "rows": rows,
         "command": " ".join(sys.argv),
         "structure": dict(width=WIDTH, depth=DEPTH, heads=HEADS, mlp=MLP, image=IMAGE, batch=BATCH),
-        "machine": lscpu("Model name", "CPU(s)"),
+        "machine": {**lscpu("Model name", "CPU(s)"), "isa_flags": isa_flags()},
         "load_average_at_end": os.getloadavg(),
         "python": platform.python_version(),
     }

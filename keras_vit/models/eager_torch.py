@@ -55,9 +55,33 @@ def applies(block, training, return_attention_scores: bool) -> str | None:
     return None if implementation == "fused_padded" else implementation
 
 
-def _tensor(value):
-    """A variable's tensor (read inside the block's call: cast to its compute dtype by Keras's autocast)."""
-    return value.value if isinstance(value, keras.Variable) else value
+class _Reader:
+    """A variable's tensor as `Variable.value` gives it (inside a layer's call: cast to the compute
+    dtype by Keras's autocast), with `value`'s scope checks made once per call instead of per read
+    (~200 reads per forward pass of ViT-B/16's structure)."""
+
+    def __init__(self):
+        from keras.src.backend.common.stateless_scope import in_stateless_scope
+        from keras.src.backend.common.variables import get_autocast_scope
+        from keras.src.backend.torch.core import get_device
+
+        # In a stateless scope `Variable.value` gives the scope's values; in a symbolic call (PyTorch's
+        # meta device), meta stand-ins: both are left to it.
+        self.direct = not in_stateless_scope() and str(get_device()) != "meta"
+        self.autocast = get_autocast_scope()
+
+    def __call__(self, value):
+        if not isinstance(value, keras.Variable):
+            return value  # a kernel with its LoRA product: already a tensor
+        if not self.direct:
+            return value.value
+        if value._autocast and self.autocast is not None:
+            return self.autocast.maybe_cast(value._value)
+        return value._value
+
+    def kernel(self, layer):
+        """`Dense.kernel` / `EinsumDense.kernel` of a layer that is not quantized."""
+        return self(layer.kernel if layer.lora_enabled else layer._kernel)
 
 
 @functools.cache
@@ -68,24 +92,24 @@ def _scalar(value: float, dtype, device):
     return torch.tensor(value, dtype=dtype, device=device)
 
 
-def _layer_norm(tokens, layer):
+def _layer_norm(tokens, layer, read: _Reader):
     """Keras's LayerNormalization on torch: `F.layer_norm` in at least float32, back to the input's dtype."""
     import torch
     import torch.nn.functional as F
 
     statistics = tokens.to(torch.promote_types(tokens.dtype, torch.float32))
     width = tokens.shape[-1]
-    normed = F.layer_norm(statistics, (width,), _tensor(layer.gamma), _tensor(layer.beta), layer.epsilon)
+    normed = F.layer_norm(statistics, (width,), read(layer.gamma), read(layer.beta), layer.epsilon)
     return normed.to(tokens.dtype)
 
 
-def _dense(hidden, layer):
+def _dense(hidden, layer, read: _Reader):
     import torch
 
-    return torch.matmul(hidden, _tensor(layer.kernel)) + _tensor(layer.bias)
+    return torch.matmul(hidden, read.kernel(layer)) + read(layer.bias)
 
 
-def _attention(tokens, attention, implementation: str):
+def _attention(tokens, attention, implementation: str, read: _Reader):
     """`MultiHeadSelfAttention.call`'s fused-projection path for `(batch, tokens, width)` tokens."""
     import torch
 
@@ -94,13 +118,13 @@ def _attention(tokens, attention, implementation: str):
     scale = _scalar(float(1.0 / np.sqrt(head_dim)), tokens.dtype, tokens.device)
     query, key, value = attention.query_dense, attention.key_dense, attention.value_dense
     kernel = torch.cat(
-        [_tensor(query.kernel).reshape(width, width) * scale]
-        + [_tensor(dense.kernel).reshape(width, width) for dense in (key, value)],
+        [read.kernel(query).reshape(width, width) * scale]
+        + [read.kernel(dense).reshape(width, width) for dense in (key, value)],
         dim=1,
     )
     bias = torch.cat(
-        [_tensor(query.bias).reshape(width) * scale]
-        + [_tensor(dense.bias).reshape(width) for dense in (key, value)]
+        [read(query.bias).reshape(width) * scale]
+        + [read(dense.bias).reshape(width) for dense in (key, value)]
     )
     qkv = (torch.matmul(tokens.reshape(-1, width), kernel) + bias).reshape(batch, length, 3, heads, head_dim)
     if implementation == "plain":
@@ -112,8 +136,8 @@ def _attention(tokens, attention, implementation: str):
     else:
         context = _fused_attention(*torch.unbind(qkv.permute(2, 0, 3, 1, 4), 0)).transpose(1, 2)
     output = attention.output_dense
-    projected = torch.matmul(context.reshape(-1, width), _tensor(output.kernel).reshape(width, width))
-    return (projected + _tensor(output.bias)).reshape(batch, length, width)
+    projected = torch.matmul(context.reshape(-1, width), read.kernel(output).reshape(width, width))
+    return (projected + read(output.bias)).reshape(batch, length, width)
 
 
 def _fused_attention(query, key, value):
@@ -130,14 +154,17 @@ def _fused_attention(query, key, value):
     return F.scaled_dot_product_attention(query.contiguous(), key.contiguous(), value.contiguous(), scale=1.0)
 
 
-def block_call(block, tokens, implementation: str):
+def block_call(block, tokens, implementation: str, read: _Reader | None = None):
     """`TransformerBlock.call(tokens, training)` where `applies` (which chose the attention
-    `implementation`): x + MSA(LN(x)), then x + MLP(LN(x))."""
+    `implementation`): x + MSA(LN(x)), then x + MLP(LN(x)). `read`: the caller's `_Reader`."""
     import torch.nn.functional as F
 
-    tokens = tokens + _attention(_layer_norm(tokens, block.norm1), block.attention, implementation)
-    hidden = _dense(_layer_norm(tokens, block.norm2).reshape(-1, tokens.shape[-1]), block.fc1)
-    hidden = _dense(F.gelu(hidden, approximate="tanh" if block.approximate_gelu else "none"), block.fc2)
+    read = read or _Reader()
+    normed = _layer_norm(tokens, block.norm1, read)
+    tokens = tokens + _attention(normed, block.attention, implementation, read)
+    hidden = _dense(_layer_norm(tokens, block.norm2, read).reshape(-1, tokens.shape[-1]), block.fc1, read)
+    gelu = F.gelu(hidden, approximate="tanh" if block.approximate_gelu else "none")
+    hidden = _dense(gelu, block.fc2, read)
     return tokens + hidden.reshape(tokens.shape)
 
 
@@ -198,42 +225,42 @@ def model_applies(model, inputs, training) -> tuple[str, ...] | None:
     return None if None in implementations else implementations
 
 
-def _patch_embed(images, layer):
+def _patch_embed(images, layer, read: _Reader):
     """`PatchEncoder.call`: the patches cut by a reshape and a transpose, one matrix product."""
     import torch
 
-    kernel = _tensor(layer.projection.kernel)  # (P, P, C, D)
+    kernel = read.kernel(layer.projection)  # (P, P, C, D)
     size, channels, width = layer.patch_size, kernel.shape[2], layer.hidden_size
     rows, columns = images.shape[1] // size, images.shape[2] // size
     patches = images.reshape(-1, rows, size, columns, size, channels).permute(0, 1, 3, 2, 4, 5)
     patches = patches.reshape(-1, size * size * channels)
-    tokens = torch.matmul(patches, kernel.reshape(-1, width)) + _tensor(layer.projection.bias)
+    tokens = torch.matmul(patches, kernel.reshape(-1, width)) + read(layer.projection.bias)
     return tokens.reshape(-1, rows * columns, width)
 
 
-def _class_token(tokens, layer):
+def _class_token(tokens, layer, read: _Reader):
     """`ClassToken.call`: the [class] token first."""
     import torch
 
-    token = _tensor(layer.token).to(tokens.dtype)
+    token = read(layer.token).to(tokens.dtype)
     return torch.cat([torch.broadcast_to(token, (tokens.shape[0], 1, tokens.shape[-1])), tokens], dim=1)
 
 
-def _pos_embed(tokens, layer):
+def _pos_embed(tokens, layer, read: _Reader):
     """`PositionEmbedding.call`."""
-    return tokens + _tensor(layer.embedding).to(tokens.dtype)
+    return tokens + read(layer.embedding).to(tokens.dtype)
 
 
-def _dense_layer(hidden, layer):
+def _dense_layer(hidden, layer, read: _Reader):
     """`Dense.call` (its activation too) for a `keras.layers.Dense` with a bias."""
-    return layer.activation(_dense(hidden, layer))
+    return layer.activation(_dense(hidden, layer, read))
 
 
-def _layer_call(model, layer, inputs, arithmetic=None):
+def _layer_call(model, layer, inputs, read: _Reader, arithmetic=None):
     """`layer(inputs)` as the model's graph calls it. Where the layer has the model's dtype policy
     (the same autocast), is not quantized and has no activity regularizer: without Keras's call
-    machinery, as `arithmetic(inputs, layer)` (torch calls, the same operations as its `call`) or
-    its `call`; else its `__call__` (the float32 head under mixed precision)."""
+    machinery, as `arithmetic(inputs, layer, read)` (torch calls, the same operations as its `call`)
+    or its `call`; else its `__call__` (the float32 head under mixed precision)."""
     direct = (
         layer.compute_dtype == model.compute_dtype
         and layer.variable_dtype == model.variable_dtype
@@ -244,31 +271,31 @@ def _layer_call(model, layer, inputs, arithmetic=None):
     if not direct:
         return layer(inputs)
     inputs = layer.dtype_policy.convert_input(inputs, layer.autocast, layer.input_dtype)
-    return layer.call(inputs) if arithmetic is None else arithmetic(inputs, layer)
+    return layer.call(inputs) if arithmetic is None else arithmetic(inputs, layer, read)
 
 
 def model_call(model, inputs, implementations: tuple[str, ...]):
     """`ViT.call(inputs, training)` where `model_applies` (which chose each block's attention):
     the graph's layers in its order, each computing as its own call, without a `Layer.__call__`
     per layer (~0.1 ms of host work each)."""
-    parts = _parts(model)
+    parts, read = _parts(model), _Reader()
     tokens = keras.ops.convert_to_tensor(inputs, dtype=model.image_dtype)  # as the graph's input
     if parts.pixel_normalization is not None:
-        tokens = _layer_call(model, parts.pixel_normalization, tokens)
-    tokens = _layer_call(model, parts.patch_embed, tokens, _patch_embed)
+        tokens = _layer_call(model, parts.pixel_normalization, tokens, read)
+    tokens = _layer_call(model, parts.patch_embed, tokens, read, _patch_embed)
     if parts.class_token is not None:
-        tokens = _layer_call(model, parts.class_token, tokens, _class_token)
-    tokens = _layer_call(model, parts.pos_embed, tokens, _pos_embed)
+        tokens = _layer_call(model, parts.class_token, tokens, read, _class_token)
+    tokens = _layer_call(model, parts.pos_embed, tokens, read, _pos_embed)
     for block, implementation in zip(parts.blocks, implementations, strict=True):
-        tokens = block_call(block, tokens, implementation)
+        tokens = block_call(block, tokens, implementation, read)
     if not model.config.fc_norm:
-        tokens = _layer_call(model, parts.encoder_norm, tokens, _layer_norm)
+        tokens = _layer_call(model, parts.encoder_norm, tokens, read, _layer_norm)
     if parts.pool is None:
         return tokens
-    tokens = _layer_call(model, parts.pool, tokens)
+    tokens = _layer_call(model, parts.pool, tokens, read)
     if model.config.fc_norm:
-        tokens = _layer_call(model, parts.encoder_norm, tokens, _layer_norm)
+        tokens = _layer_call(model, parts.encoder_norm, tokens, read, _layer_norm)
     for layer in (parts.pre_logits, parts.head):
         if layer is not None:
-            tokens = _layer_call(model, layer, tokens, _dense_layer)
+            tokens = _layer_call(model, layer, tokens, read, _dense_layer)
     return tokens

@@ -433,6 +433,52 @@ def test_eager_torch_model_equals_the_functional_graph(rng, monkeypatch):
 
 
 @_TORCH_ONLY
+def test_eager_torch_model_reads_variables_as_keras_does(rng, monkeypatch):
+    """`model_call` reads each variable as `Variable.value` would, with its checks made once per call:
+    inside a `stateless_call` the values it is given (not the model's own), and in a symbolic call
+    (Keras tracing a model that calls the `ViT` on PyTorch's meta device) meta tensors."""
+    from keras_vit.models import eager_torch
+
+    config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
+    model = ViT(config, num_classes=5, classifier_activation=None)
+    _randomize(model, rng, scale=0.5)
+    images = torch.tensor(rng.normal(0, 1, (2, 16, 16, 3)).astype("float32"))
+    values = [torch.tensor(rng.normal(0, 0.5, w.shape).astype("float32")) for w in model.trainable_weights]
+    others = [w.value for w in model.non_trainable_weights]
+    own = keras.ops.convert_to_numpy(model(images))
+    ran, original = [], eager_torch.model_call
+    monkeypatch.setattr(eager_torch, "model_call", lambda *a: ran.append(1) or original(*a))
+    fast = keras.ops.convert_to_numpy(model.stateless_call(values, others, images)[0])
+    monkeypatch.setattr(eager_torch, "model_applies", lambda *a: None)
+    graph = keras.ops.convert_to_numpy(model.stateless_call(values, others, images)[0])
+    monkeypatch.undo()
+    assert ran == [1]
+    np.testing.assert_array_equal(fast, graph)
+    assert np.abs(fast - own).max() > 1e-3  # the values given, not the model's own
+
+    class Outer(keras.Model):  # a subclassed model: Keras traces its call on PyTorch's meta device
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def call(self, images):
+            return self.inner(images)
+
+    devices = []
+
+    def spy(*arguments):
+        output = original(*arguments)
+        devices.append(str(output.device))
+        return output
+
+    monkeypatch.setattr(eager_torch, "model_call", spy)
+    outer = Outer(model)
+    assert outer.compute_output_spec(keras.KerasTensor((2, 16, 16, 3))).shape == (2, 5)
+    assert devices == ["meta"]  # traced there, not failed and traced again with real tensors
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(outer(images)), own)
+
+
+@_TORCH_ONLY
 def test_eager_torch_model_leaves_what_it_does_not_compute_to_the_graph():
     """Dropout to draw, a quantized, hybrid or rematerialised model and inputs other than one image
     array run the functional graph (each layer's own call)."""
