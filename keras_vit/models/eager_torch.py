@@ -98,7 +98,7 @@ def _layer_norm(tokens, layer, read: _Reader):
     import torch.nn.functional as F
 
     statistics = tokens.to(torch.promote_types(tokens.dtype, torch.float32))
-    width = tokens.shape[-1]
+    width = layer.gamma.shape[-1]  # a Python int, also where a tracer (ONNX export) follows `tokens.shape`
     normed = F.layer_norm(statistics, (width,), read(layer.gamma), read(layer.beta), layer.epsilon)
     return normed.to(tokens.dtype)
 
@@ -258,13 +258,14 @@ def _dense_layer(hidden, layer, read: _Reader):
 
 def _layer_call(model, layer, inputs, read: _Reader, arithmetic=None):
     """`layer(inputs)` as the model's graph calls it. Where the layer has the model's dtype policy
-    (the same autocast), is not quantized and has no activity regularizer: without Keras's call
-    machinery, as `arithmetic(inputs, layer, read)` (torch calls, the same operations as its `call`)
-    or its `call`; else its `__call__` (the float32 head under mixed precision)."""
+    (the model's autocast scope is the one its `__call__` would run in; a layer with `autocast=False`,
+    as Keras's LayerNormalization, enters none and its variables are not cast either way), is not
+    quantized and has no activity regularizer: without Keras's call machinery, as
+    `arithmetic(inputs, layer, read)` (torch calls, the same operations as its `call`) or its `call`;
+    else its `__call__` (the float32 head under mixed precision)."""
     direct = (
         layer.compute_dtype == model.compute_dtype
         and layer.variable_dtype == model.variable_dtype
-        and layer.autocast
         and layer.quantization_mode is None
         and layer.activity_regularizer is None
     )

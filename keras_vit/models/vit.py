@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,11 @@ __all__ = ["ViT", "classification_head"]
 
 _PACKAGE = "keras_vit"
 IMAGE_DTYPES = ("float32", "uint8")
+# The TracerWarnings `keras.src.export.onnx` filters out on PyTorch, in a block that ends before it traces.
+_KERAS_SILENCED_TRACER_WARNINGS = (
+    "(Converting a tensor to a Python|Iterating over a tensor|Using len to get tensor shape"
+    "|torch.tensor results are registered as constants)"
+)
 
 
 def classification_head(num_classes: int, classifier_activation: str | None = None) -> keras.layers.Dense:
@@ -371,16 +377,32 @@ class ViT(keras.Model):
 
     # --- export ---------------------------------------------------------------------------------
     def export(self, filepath, format: str = "tf_saved_model", **kwargs):
-        """`keras.Model.export`; for `format="onnx"` with keras_vit's tf2onnx converters registered first.
+        """`keras.Model.export`; for `format="onnx"` also from a model never called, and on TensorFlow
+        with keras_vit's tf2onnx converters registered first.
 
-        On TensorFlow, Keras converts with tf2onnx, which cannot convert the `Erfc` op of the exact
-        GELU on its own (`keras_vit.utils.tf2onnx_ops`); the JAX and PyTorch backends use other converters.
+        Keras's ONNX export asks for a model that has been called once, which a functional model
+        needs not be: the input signature (`(None, H, W, C)` images) is passed for it. On TensorFlow,
+        Keras converts with tf2onnx, which cannot convert the `Erfc` op of the exact GELU on its own
+        (`keras_vit.utils.tf2onnx_ops`). On PyTorch, torch.onnx traces the model: the warnings Keras
+        means to silence while it does (shapes read as Python values, constants made with
+        `torch.tensor`; its filters end before the trace starts) stay silent.
         """
-        if format == "onnx" and keras.backend.backend() == "tensorflow":
+        if format != "onnx":
+            return super().export(filepath, format=format, **kwargs)
+        from keras.src.export.export_utils import get_input_signature
+
+        kwargs.setdefault("input_signature", get_input_signature(self))
+        backend = keras.backend.backend()
+        if backend == "tensorflow":
             from keras_vit.utils import tf2onnx_ops
 
             tf2onnx_ops.register()
-        return super().export(filepath, format=format, **kwargs)
+        with warnings.catch_warnings():
+            if backend == "torch":
+                import torch
+
+                warnings.filterwarnings("ignore", _KERAS_SILENCED_TRACER_WARNINGS, torch.jit.TracerWarning)
+            return super().export(filepath, format=format, **kwargs)
 
     # --- serialisation -------------------------------------------------------------------------
     def get_config(self) -> dict:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 import zipfile
 
 import keras
@@ -180,6 +181,29 @@ def test_load_model_in_a_fresh_process(tmp_path):
     name, config_name, *logits = out.split()
     assert (name, config_name) == ("ViT", "tiny_contract")
     np.testing.assert_allclose(np.array(logits, dtype="float32"), expected[0], rtol=1e-6)
+
+
+def test_onnx_export_of_a_model_never_called_gives_its_logits(tmp_path):
+    """`model.export(format="onnx")` straight after building (Keras's exporter asks for a model called
+    once), run by onnxruntime at two batch sizes: the model's logits. TensorFlow converts with tf2onnx;
+    PyTorch traces the model's direct PyTorch path, without the TracerWarnings Keras means to silence.
+    JAX's exporter needs jax2onnx, which the test set-up does not install."""
+    if keras.backend.backend() == "jax":
+        pytest.skip("ONNX export on JAX needs jax2onnx (not installed)")
+    import onnxruntime
+
+    model = _randomised(keras_vit.build_vit(TINY, num_classes=3, classifier_activation=None))
+    path = tmp_path / "model.onnx"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.export(str(path), format="onnx", verbose=False)
+    assert not [w for w in caught if type(w.message).__name__ == "TracerWarning"]
+    session = onnxruntime.InferenceSession(str(path))
+    name = session.get_inputs()[0].name
+    for batch in (1, 3):
+        images = random_images(batch, (16, 16), seed=batch)
+        expected = keras.ops.convert_to_numpy(model(images))
+        np.testing.assert_allclose(session.run(None, {name: images})[0], expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
