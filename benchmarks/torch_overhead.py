@@ -6,6 +6,8 @@ on an H200 at 0.36x timm eager (issue 36), a host-bound step. This measures that
 CPU: ViT-B/16's structure (12 blocks, patch 16, the [class] token) narrowed to width 32 (2 heads,
 MLP 64) on 32 px images (4 patches), batch 2, so the arithmetic is negligible and the time per
 step is the dispatch: Keras's layer calls, ops, casts and optimizer against timm's modules.
+`keras_vit_compiled` is keras_vit after `model.compile(jit_compile=True)`: on PyTorch its forward pass
+runs through `torch.compile` (`ViT.compile`); the warm-up steps compile it and are not timed.
 
 Cases: `infer` (the forward pass, `training=False`, no gradient) and `train` (one step of `fit`
 for Keras: forward, cross-entropy, backward, AdamW; for timm: zero_grad, forward, cross-entropy,
@@ -31,11 +33,11 @@ import time
 from machine import isa_flags, lscpu
 
 WIDTH, DEPTH, HEADS, MLP, PATCH, IMAGE, BATCH, CLASSES = 32, 12, 2, 64, 16, 32, 2, 10
-COMPETITORS = ("keras_vit", "timm")
+COMPETITORS = ("keras_vit", "keras_vit_compiled", "timm")
 CASES = ("infer", "train")
 
 
-def _keras_vit(case: str, steps: int) -> float:
+def _keras_vit(case: str, steps: int, jit_compile: bool = False) -> float:
     import numpy as np
     import torch
 
@@ -52,6 +54,8 @@ def _keras_vit(case: str, steps: int) -> float:
     labels = np.arange(BATCH) % CLASSES
     if case == "infer":
         tensor = torch.from_numpy(images)
+        if jit_compile:  # the forward pass through torch.compile (`ViT.compile`)
+            model.compile(jit_compile=True)
 
         def run(count: int) -> None:
             with torch.inference_mode():
@@ -62,6 +66,7 @@ def _keras_vit(case: str, steps: int) -> float:
         model.compile(
             optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit_compile,
         )
 
         def batches():
@@ -126,7 +131,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         competitor, case = args.one
-        print((_keras_vit if competitor == "keras_vit" else _timm)(case, args.steps))
+        if competitor == "timm":
+            print(_timm(case, args.steps))
+        else:
+            print(_keras_vit(case, args.steps, jit_compile=competitor == "keras_vit_compiled"))
         return
     environment = {**os.environ, "KERAS_BACKEND": "torch"}
     seconds = {(competitor, case): [] for competitor in COMPETITORS for case in args.cases}
@@ -138,15 +146,16 @@ def main() -> None:
                 seconds[competitor, case].append(float(done.stdout.strip().splitlines()[-1]))
     rows = []
     for case in args.cases:  # per step, in milliseconds
-        keras_ms, timm_ms = (statistics.median(seconds[name, case]) * 1000 for name in COMPETITORS)
-        per_round = {name: [round(1000 * x, 2) for x in seconds[name, case]] for name in COMPETITORS}
+        by_name = {name: seconds[name, case] for name in COMPETITORS}
+        ms = {name: round(statistics.median(times) * 1000, 2) for name, times in by_name.items()}
         rows.append(
             {
                 "case": case,
-                "keras_vit_ms_per_step": round(keras_ms, 2),
-                "timm_ms_per_step": round(timm_ms, 2),
-                "keras_vit_vs_timm": round(timm_ms / keras_ms, 2),
-                "rounds_ms": per_round,
+                "ms_per_step": ms,
+                "vs_timm": {name: round(ms["timm"] / ms[name], 2) for name in COMPETITORS if name != "timm"},
+                "rounds_ms": {
+                    name: [round(1000 * x, 2) for x in seconds[name, case]] for name in COMPETITORS
+                },
             }
         )
         print(json.dumps(rows[-1]), flush=True)

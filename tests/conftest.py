@@ -42,6 +42,10 @@ EXPECTED_SKIPS = {
         "tensorflow",
         "jax",
     },
+    "tests/models/test_layers.py::test_eager_torch_jit_compile_compiles_the_forward": {
+        "tensorflow",
+        "jax",
+    },
     "tests/models/test_layers.py::test_eager_torch_model_reads_variables_as_keras_does": {
         "tensorflow",
         "jax",

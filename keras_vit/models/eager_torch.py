@@ -33,7 +33,7 @@ import numpy as np
 
 from keras_vit.models.attention import choose_attention, compute_device
 
-__all__ = ["applies", "block_call", "model_applies", "model_call"]
+__all__ = ["applies", "block_call", "compiled_model_call", "model_applies", "model_call"]
 
 
 def applies(block, training, return_attention_scores: bool) -> str | None:
@@ -84,9 +84,18 @@ class _Reader:
         return self(layer.kernel if layer.lora_enabled else layer._kernel)
 
 
-@functools.cache
 def _scalar(value: float, dtype, device):
-    """`value` as a 0-d tensor, made once per dtype and device: no host-to-device copy per call."""
+    """`value` as a 0-d tensor, made once per dtype and device: no host-to-device copy per call
+    (under `torch.compile`, a constant of the compiled graph)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return torch.tensor(value, dtype=dtype, device=device)
+    return _cached_scalar(value, dtype, device)
+
+
+@functools.cache
+def _cached_scalar(value: float, dtype, device):
     import torch
 
     return torch.tensor(value, dtype=dtype, device=device)
@@ -300,3 +309,22 @@ def model_call(model, inputs, implementations: tuple[str, ...]):
         if layer is not None:
             tokens = _layer_call(model, layer, tokens, read, _dense_layer)
     return tokens
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_model_call(model, inputs, implementations: tuple[str, ...]):
+    """`model_call` through `torch.compile`, one compiled function per model (its own cache of graphs:
+    training and not, new input shapes): what `ViT.compile(jit_compile=True)` runs on PyTorch. The
+    first call of each kind compiles (seconds to a minute); values match `model_call` within float
+    rounding, not bit for bit (the compiler fuses and reorders the arithmetic)."""
+    import torch
+
+    inputs = keras.ops.convert_to_tensor(inputs, dtype=model.image_dtype)  # arrays too: a tensor to trace
+    if inputs.device.type == "meta":  # Keras's symbolic build: shapes only, nothing worth compiling
+        return model_call(model, inputs, implementations)
+    compiled = _COMPILED.get(model)
+    if compiled is None:
+        compiled = _COMPILED[model] = torch.compile(model_call)
+    return compiled(model, inputs, implementations)

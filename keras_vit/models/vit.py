@@ -264,11 +264,13 @@ class ViT(keras.Model):
 
     def call(self, inputs, training=None, mask=None, **kwargs):
         """The functional graph's call; on PyTorch, where every block is plain, the same layers'
-        arithmetic without Keras's per-layer call machinery (`eager_torch.model_call`)."""
+        arithmetic without Keras's per-layer call machinery (`eager_torch.model_call`), through
+        `torch.compile` after `compile(jit_compile=True)`."""
         if mask is None and not kwargs:
             implementations = eager_torch.model_applies(self, inputs, training)
             if implementations:
-                return eager_torch.model_call(self, inputs, implementations)
+                forward = eager_torch.compiled_model_call if self.compiled_forward else eager_torch.model_call
+                return forward(self, inputs, implementations)
         return super().call(inputs, training=training, mask=mask, **kwargs)
 
     # --- input checks and a usable model after a failure (`keras_vit.models.guards`) -------------
@@ -291,6 +293,29 @@ class ViT(keras.Model):
         check_array_batches(x, batch_size)
         with guards.state_kept_on_failure(self):
             return super().evaluate(x, y, batch_size, *args, **kwargs)
+
+    @property
+    def compiled_forward(self) -> bool:
+        """Whether the forward pass runs through `torch.compile` (PyTorch only: `compile(jit_compile=True)`,
+        or set it, e.g. for a model that an outer model calls)."""
+        return getattr(self, "_compiled_forward", False)
+
+    @compiled_forward.setter
+    def compiled_forward(self, value: bool) -> None:
+        if value and keras.backend.backend() != "torch":
+            raise ValueError(
+                "compiled_forward is PyTorch's torch.compile of the forward pass; on "
+                f"{keras.backend.backend()} use compile(jit_compile=True)."
+            )
+        self._compiled_forward = bool(value)
+
+    def compile(self, *args, jit_compile="auto", **kwargs):
+        """`keras.Model.compile`. On PyTorch, `jit_compile=True` compiles the model's forward pass
+        (`torch.compile` of `eager_torch.model_call`, where it runs) and leaves Keras's step eager:
+        Keras's own `torch.compile` of the whole step took minutes to compile for a ViT and ran no
+        faster (issue 36). `model.jit_compile` is then False and `model.compiled_forward` True."""
+        self.compiled_forward = keras.backend.backend() == "torch" and jit_compile is True
+        super().compile(*args, jit_compile=False if self.compiled_forward else jit_compile, **kwargs)
 
     def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
         """`keras.Model.fit`; a failure leaves the model usable (`guards.state_kept_on_failure`); under

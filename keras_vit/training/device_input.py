@@ -84,6 +84,17 @@ class DeviceInput(keras.Model):
         one_hot = ops.one_hot(ops.cast(y, "int32"), self.num_classes, dtype="float32")
         return weight * one_hot + (1.0 - weight) * ops.flip(one_hot, axis=0)
 
+    def compile(self, *args, jit_compile="auto", **kwargs):
+        """`keras.Model.compile`; on PyTorch, `jit_compile=True` compiles the network's forward pass
+        (`ViT.compiled_forward`) and leaves Keras's step eager, as `ViT.compile` does."""
+        if (
+            keras.backend.backend() == "torch"
+            and jit_compile is True
+            and hasattr(self.network, "compiled_forward")
+        ):
+            self.network.compiled_forward, jit_compile = True, False
+        super().compile(*args, jit_compile=jit_compile, **kwargs)
+
     def call(self, inputs, training=None):
         return self.network(self.images(inputs), training=training)
 

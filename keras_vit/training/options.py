@@ -332,7 +332,8 @@ class RunOptions:
     )
     jit_compile: bool | str = option(
         defaults.JIT_CHOICES[0],
-        "XLA-compile the train and evaluation steps (auto: on for a single replica)",
+        "XLA-compile the train and evaluation steps (auto: on for a single replica; on PyTorch, on "
+        "compiles the ViT's forward pass with torch.compile, auto is off)",
         "run",
         _jit_compile,
         parse=_on_off_auto,

@@ -479,6 +479,42 @@ def test_eager_torch_model_reads_variables_as_keras_does(rng, monkeypatch):
 
 
 @_TORCH_ONLY
+def test_eager_torch_jit_compile_compiles_the_forward(rng):
+    """On PyTorch `compile(jit_compile=True)` runs the forward pass through `torch.compile`
+    (`eager_torch.compiled_model_call`, one compiled function per model) and leaves Keras's step
+    eager: the outputs and the weights after `fit` are the eager model's within float rounding."""
+    from keras_vit.models import eager_torch
+    from keras_vit.training.device_input import DeviceInput
+
+    config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
+    models = [ViT(config, num_classes=5, classifier_activation=None) for _ in range(2)]
+    _randomize(models[0], rng, scale=0.5)
+    models[1].set_weights(models[0].get_weights())
+    for model, jit_compile in zip(models, (False, True), strict=True):
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, jit_compile=jit_compile)
+    eager, compiled = models
+    assert compiled.compiled_forward and not compiled.jit_compile  # Keras's step stays eager
+    assert not eager.compiled_forward and eager not in eager_torch._COMPILED
+    images = rng.normal(0, 1, (4, 16, 16, 3)).astype("float32")
+    labels = np.arange(4) % 5
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(compiled(images)), keras.ops.convert_to_numpy(eager(images)), atol=1e-5
+    )
+    assert compiled in eager_torch._COMPILED
+    initial = compiled.get_weights()
+    for model in models:
+        model.fit(images, labels, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    for got, expected in zip(compiled.get_weights(), eager.get_weights(), strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert not np.allclose(compiled.get_weights()[-2], initial[-2])  # the head's kernel trained
+    # the driver's wrapper (uint8 batches normalised in the step) compiles its ViT's forward the same way
+    wrapper = DeviceInput(ViT(config, num_classes=5), (0.5,) * 3, (0.5,) * 3, 5)
+    wrapper.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    assert wrapper.network.compiled_forward and not wrapper.jit_compile
+
+
+@_TORCH_ONLY
 def test_eager_torch_model_leaves_what_it_does_not_compute_to_the_graph():
     """Dropout to draw, a quantized, hybrid or rematerialised model and inputs other than one image
     array run the functional graph (each layer's own call)."""
