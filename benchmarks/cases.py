@@ -376,7 +376,7 @@ GPU_COMPETITORS: dict[str, Competitor] = {
             "keras_hub_jax", "keras_hub", "keras_hub_jax", jit=True, label="keras_hub JAX", backend="jax"
         ),
         COMPETITORS["keras_vit_torch"],
-        # Keras's jit_compile=True on torch: `torch.compile` of the training step (issue 26, item 5).
+        # jit_compile=True on torch: the ViT's forward pass through `torch.compile` (`ViT.compile`).
         Competitor(
             "keras_vit_torch_compiled",
             "keras_vit",
@@ -387,7 +387,7 @@ GPU_COMPETITORS: dict[str, Competitor] = {
         ),
     )
 }
-TORCH_COMPILED_CASES = ("train_b16_bf16_bs64", "train_s16_bf16_bs128")
+TORCH_COMPILED_CASES = ("train_b16_bf16_bs64", "train_s16_bf16_bs128", "infer_b16_bf16_bs256")
 
 
 # The GPU mode in parts, each one device call of under 8 minutes (`gpu.py --part NAME`, its default
@@ -413,7 +413,7 @@ GPU_PARTS: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
     ),
     # The attention policy's evidence and Keras's jit_compile=True on torch.
     "attention": (
-        ("matmul_bf16_8192", *ATTENTION_CASES, *TORCH_COMPILED_CASES),
+        ("matmul_bf16_8192", *ATTENTION_CASES, *TORCH_COMPILED_CASES[:2]),
         ("keras_vit_jax", *ATTENTION_PEERS, "keras_vit_torch_compiled"),
     ),
 }

@@ -160,9 +160,9 @@ class KerasWorker:
       device copy and state bookkeeping of `predict_on_batch`; XLA compiles the whole forward.
     * inference, torch: `model(x, training=False)` under `torch.inference_mode()`, eagerly:
       what `predict_on_batch` runs (it uses `no_grad`; inference mode, as timm's worker, also
-      skips version counters). Keras compiles on torch only with `jit_compile=True`
-      (`torch.compile`), not its default: benchmarked for training only (the GPU mode's
-      `keras_vit_torch_compiled`).
+      skips version counters). With `jit_compile=True` (the GPU mode's `keras_vit_torch_compiled`)
+      a ViT's forward pass runs through `torch.compile` (`ViT.compile`; Keras's step stays
+      eager), in inference and training.
     * training: `model.compile(AdamW(1e-3, weight_decay=0.05), sparse cross-entropy from logits,
       jit_compile=jit)`, then `model.fit` of `calls` steps of the same device-resident batch (a
       generator; the loss fetched to the host at the end): on JAX one `jax.jit`-compiled step
@@ -307,8 +307,8 @@ class KerasWorker:
             raise ValueError(f"The {self.backend} Keras worker cannot run {case.kind!r} cases.")
         if self.backend == "jax" and not jit:
             raise ValueError("Keras on JAX is benchmarked compiled (jit), as it runs by default.")
-        if self.backend == "torch" and jit and case.kind != "train":
-            raise ValueError("torch.compile (jit_compile=True on torch) is benchmarked for training only.")
+        if self.backend == "torch" and jit and case.kind == "predict":
+            raise ValueError("torch.compile (jit_compile=True on torch) is benchmarked in infer and train.")
         images, labels = random_batch(case.batch, case.image_size)
         if case.kind == "infer":
             return self._infer_runner(case, jit, images, attention)
@@ -353,6 +353,9 @@ class KerasWorker:
             return timed(lambda: np.asarray(forward(trainable, non_trainable, inputs))), model.count_params()
         torch = self.torch
         inputs = self.keras.ops.convert_to_tensor(images)  # on Keras's torch device
+        if jit:  # a model of its own: the forward pass through torch.compile (`ViT.compiled_forward`)
+            model = self.build(case, attention)
+            model.compile(jit_compile=True)
 
         def forward():
             with torch.inference_mode():
