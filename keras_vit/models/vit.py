@@ -317,6 +317,13 @@ class ViT(keras.Model):
         self.compiled_forward = keras.backend.backend() == "torch" and jit_compile is True
         super().compile(*args, jit_compile=False if self.compiled_forward else jit_compile, **kwargs)
 
+    def compile_from_config(self, config: dict) -> None:
+        """Keras's `compile_from_config` (a loaded `.keras` file compiled as it was saved), which
+        Keras skips for a class that overrides `compile`."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if hasattr(self, "optimizer") and self.built:
+            self.optimizer.build(self.trainable_variables)  # its variables, for the saved ones to load into
+
     def fit(self, x=None, y=None, batch_size=None, *args, **kwargs):
         """`keras.Model.fit`; a failure leaves the model usable (`guards.state_kept_on_failure`); under
         `make_distribution`, arrays whose last batch the replicas cannot split are refused first."""

@@ -86,6 +86,29 @@ def test_keras_round_trip_keeps_the_config(tmp_path):
         assert saved["class_name"] == "ViT" and saved["config"]["config"]["name"] == config.name
 
 
+def test_a_compiled_model_loads_compiled_with_its_optimizer_state(tmp_path):
+    """`ViT` overrides `compile` (PyTorch's compiled forward pass), so it restores the compile
+    config itself: Keras skips a custom `compile` on load, with only a warning."""
+    model = _randomised(keras_vit.build_vit(TINY, num_classes=3, classifier_activation=None))
+    model.compile(
+        optimizer=keras.optimizers.AdamW(2e-3, weight_decay=0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    images, labels = random_images(4, (16, 16), seed=2), np.arange(4) % 3
+    model.fit(images, labels, batch_size=2, epochs=1, verbose=0)
+    model.save(tmp_path / "compiled.keras")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "compile() was not called as part of model loading"
+        loaded = keras.saving.load_model(tmp_path / "compiled.keras")
+    assert loaded.compiled and isinstance(loaded.optimizer, keras.optimizers.AdamW)
+    assert float(loaded.optimizer.learning_rate) == float(model.optimizer.learning_rate)
+    assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 2
+    for got, expected in zip(loaded.optimizer.variables, model.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(expected))
+    assert loaded.evaluate(images, labels, verbose=0)  # compiled: loss and metric
+
+
 def test_with_head_and_without_head_copy_the_weights():
     model = _randomised(keras_vit.build_vit(TINY, num_classes=5))
     before = [w.copy() for w in model.get_weights()]
