@@ -33,7 +33,7 @@ import numpy as np
 
 from keras_vit.models.attention import choose_attention, compute_device
 
-__all__ = ["applies", "block_call", "compiled_model_call", "model_applies", "model_call"]
+__all__ = ["applies", "block_call", "compiled_model_call", "compiles_forward", "model_applies", "model_call"]
 
 
 def applies(block, training, return_attention_scores: bool) -> str | None:
@@ -312,6 +312,12 @@ def model_call(model, inputs, implementations: tuple[str, ...]):
 
 
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiles_forward(jit_compile) -> bool:
+    """Whether `compile(jit_compile=...)` of a ViT (or of a model that trains one) compiles the ViT's
+    forward pass (`compiled_model_call`) and leaves Keras's step eager: `True` on PyTorch."""
+    return keras.backend.backend() == "torch" and jit_compile is True
 
 
 def compiled_model_call(model, inputs, implementations: tuple[str, ...]):

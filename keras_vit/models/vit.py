@@ -314,7 +314,7 @@ class ViT(keras.Model):
         (`torch.compile` of `eager_torch.model_call`, where it runs) and leaves Keras's step eager:
         Keras's own `torch.compile` of the whole step took minutes to compile for a ViT and ran no
         faster (issue 36). `model.jit_compile` is then False and `model.compiled_forward` True."""
-        self.compiled_forward = keras.backend.backend() == "torch" and jit_compile is True
+        self.compiled_forward = eager_torch.compiles_forward(jit_compile)
         super().compile(*args, jit_compile=False if self.compiled_forward else jit_compile, **kwargs)
 
     def compile_from_config(self, config: dict) -> None:

@@ -29,6 +29,7 @@ import keras
 from keras import ops
 
 from keras_vit.data.pyinput import IMAGES, MIXUP_WEIGHT
+from keras_vit.models import eager_torch
 from keras_vit.models.layers import normalize_pixels
 
 __all__ = ["DeviceInput", "unwrapped"]
@@ -87,11 +88,7 @@ class DeviceInput(keras.Model):
     def compile(self, *args, jit_compile="auto", **kwargs):
         """`keras.Model.compile`; on PyTorch, `jit_compile=True` compiles the network's forward pass
         (`ViT.compiled_forward`) and leaves Keras's step eager, as `ViT.compile` does."""
-        if (
-            keras.backend.backend() == "torch"
-            and jit_compile is True
-            and hasattr(self.network, "compiled_forward")
-        ):
+        if eager_torch.compiles_forward(jit_compile) and hasattr(self.network, "compiled_forward"):
             self.network.compiled_forward, jit_compile = True, False
         super().compile(*args, jit_compile=jit_compile, **kwargs)
 

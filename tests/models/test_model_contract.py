@@ -86,6 +86,18 @@ def test_keras_round_trip_keeps_the_config(tmp_path):
         assert saved["class_name"] == "ViT" and saved["config"]["config"]["name"] == config.name
 
 
+def test_compiled_forward_is_pytorchs_and_refused_elsewhere_naming_what_to_use():
+    model = keras_vit.build_vit(TINY, num_classes=3)
+    model.compile(jit_compile=True)  # XLA on TensorFlow and JAX, the compiled forward pass on PyTorch
+    assert model.compiled_forward == (keras.backend.backend() == "torch")
+    if keras.backend.backend() != "torch":
+        with pytest.raises(ValueError, match=r"PyTorch's torch.compile .* use compile\(jit_compile=True\)"):
+            model.compiled_forward = True
+        assert not model.compiled_forward
+    model.compile(jit_compile=False)
+    assert not model.compiled_forward
+
+
 def test_a_compiled_model_loads_compiled_with_its_optimizer_state(tmp_path):
     """`ViT` overrides `compile` (PyTorch's compiled forward pass), so it restores the compile
     config itself: Keras skips a custom `compile` on load, with only a warning."""
