@@ -2,8 +2,8 @@
 # Issue 36 in one device call of under 7 minutes, in priority order, each stage under a deadline;
 # every stage writes JSON lines to the results folder as it goes, so a call cut short keeps what ran.
 #
-#   bash benchmarks/gpu/run_issue36.sh [first|second]      # on the GPU machine (wheels in .whl/)
-#   bash benchmarks/gpu/run_issue36.sh --rehearse [first|second]   # on a CPU: test-size, no TensorFlow
+#   bash benchmarks/gpu/run_issue36.sh [first|second|third]      # on the GPU machine (wheels in .whl/)
+#   bash benchmarks/gpu/run_issue36.sh --rehearse [first|second|third]   # on a CPU: test-size, no TensorFlow
 #
 # first (TOTAL=405 s):
 #   1. nvidia-smi, versions;
@@ -20,6 +20,12 @@
 # second (TOTAL=360 s): XLA flags on the stock ViT-B/16 training step (one process per flag set, 55 s
 #   each), then ViT-S/16 bf16 training (batch 128): keras_vit JAX (variants: $S16_VARIANTS, default
 #   stock), timm eager, timm + torch.compile with fused and with foreach AdamW.
+# third (TOTAL=335 s): the exact GELU in float32 erf (`erf_gelu`) against stock on ViT-B/16 bf16 training
+#   (batch 64) and inference (256), profiled (90 s); keras_vit on PyTorch with `jit_compile=True` (the
+#   forward pass through torch.compile) on the same two cases, in a gpu.py run of its own so that its
+#   compiles get the whole share (95 s); then timm eager, timm + torch.compile with fused AdamW (training)
+#   and keras_vit's eager PyTorch path on them (100 s); timm + torch.compile inference (50 s). Each
+#   gpu.py run writes a folder of its own under the results.
 #
 # Results: $OUT (the device's returned folder) or benchmarks/results/issue36-<date>/.
 set -uo pipefail
@@ -81,6 +87,17 @@ if [[ "$STAGE" == "first" ]]; then
     ((LIMIT > 75)) && LIMIT=75
     stage input_probe $((LIMIT + 5)) "$PYTHON" benchmarks/input_probe.py --output "$RESULTS" \
         --deadline "$LIMIT" --seconds 2.5 $([[ ${#TINY[@]} -gt 0 ]] && echo "--images 100 --workers 1 2")
+elif [[ "$STAGE" == "third" ]]; then
+    TOTAL=${TOTAL:-335}
+    B16=(train_b16_bf16_bs64 infer_b16_bf16_bs256)
+    stage experiments 90 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --matmul --profile \
+        --deadline 85 --reserve 20 --cases "${B16[@]}" --variants erf_gelu "${TINY[@]}"
+    stage torch_compiled 95 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/torch_compiled" --budget 90 \
+        --cases "${B16[@]}" --competitors keras_vit_torch_compiled "${TINY[@]}"
+    stage timm_and_torch 100 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_and_torch" --budget 95 \
+        --cases matmul_bf16_8192 "${B16[@]}" --competitors timm timm_compiled_fused keras_vit_torch "${TINY[@]}"
+    stage timm_compiled 50 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_compiled" --budget 45 \
+        --cases infer_b16_bf16_bs256 --competitors timm_compiled "${TINY[@]}"
 else
     TOTAL=${TOTAL:-360}
     for FLAGS in "--xla_gpu_enable_latency_hiding_scheduler=true" "--xla_gpu_enable_triton_gemm=false" \

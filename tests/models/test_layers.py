@@ -6,6 +6,7 @@ References: plain numpy (patchify + matmul, softmax attention, pooling) and timm
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import keras
@@ -26,6 +27,7 @@ from keras_vit import (
     resize_pos_embed,
 )
 from keras_vit.models.build import build_vit
+from keras_vit.models.layers import _gelu
 from keras_vit.models.vit import ViT
 from keras_vit.registry.variants import ViTConfig
 
@@ -294,6 +296,40 @@ def test_training_block_has_the_inference_values_and_gradients(rng):
     names = ["input", *(weight.path for weight in block.trainable_weights)]
     for name, got, expected in zip(names, trained_grads, plain_grads, strict=True):
         np.testing.assert_allclose(got.numpy(), expected.numpy(), atol=1e-5 * scale, rtol=0, err_msg=name)
+
+
+def _exact_gelu_and_derivative(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x·Φ(x) and Φ(x) + x·φ(x) in float64."""
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    return x * cdf, cdf + x * np.exp(-0.5 * x**2) / math.sqrt(2.0 * math.pi)
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mlp_gelu_is_the_exact_gelu_in_the_input_dtype(dtype, training, rng):
+    """The MLP's exact GELU, in whichever form the backend computes it (`layers._gelu`: erf in float32 on
+    JAX, the lean-gradient form while training on TensorFlow, `ops.gelu` elsewhere), is x·Φ(x) to the
+    dtype's rounding, in the input's dtype."""
+    x = rng.normal(0.0, 3.0, 4096).astype("float32")
+    given = keras.ops.cast(x, dtype)
+    output = _gelu(given, approximate=False, training=training)
+    assert keras.backend.standardize_dtype(output.dtype) == dtype
+    expected, _ = _exact_gelu_and_derivative(keras.ops.convert_to_numpy(keras.ops.cast(given, "float32")))
+    got = keras.ops.convert_to_numpy(keras.ops.cast(output, "float32"))
+    tolerance = 1e-6 if dtype == "float32" else 2.0**-8  # float32 rounding / one bfloat16 rounding
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX backend only: the erf form is JAX's")
+def test_jax_mlp_gelu_gradient_is_the_exact_derivative(rng):
+    """On JAX the MLP's GELU is x·(1 + erf(x/√2))/2 (`layers._erf_gelu`): its automatic derivative is
+    Φ(x) + x·φ(x) to float32 rounding."""
+    import jax
+
+    x = rng.normal(0.0, 3.0, 4096).astype("float32")
+    gradient = jax.grad(lambda v: jax.numpy.sum(_gelu(v, approximate=False, training=True)))(x)
+    _, expected = _exact_gelu_and_derivative(x.astype("float64"))
+    np.testing.assert_allclose(np.asarray(gradient), expected, rtol=1e-6, atol=1e-6)
 
 
 _TORCH_ONLY = pytest.mark.skipif(
