@@ -8,6 +8,8 @@ MLP 64) on 32 px images (4 patches), batch 2, so the arithmetic is negligible an
 step is the dispatch: Keras's layer calls, ops, casts and optimizer against timm's modules.
 `keras_vit_compiled` is keras_vit after `model.compile(jit_compile=True)`: on PyTorch its forward pass
 runs through `torch.compile` (`ViT.compile`); the warm-up steps compile it and are not timed.
+`keras_vit_adamw` (training only) is keras_vit compiled with `keras_vit.training.optimization.AdamW`
+(Keras's AdamW, bit for bit, with a leaner PyTorch update) instead of `keras.optimizers.AdamW`.
 
 Cases: `infer` (the forward pass, `training=False`, no gradient) and `train` (one step of `fit`
 for Keras: forward, cross-entropy, backward, AdamW; for timm: zero_grad, forward, cross-entropy,
@@ -33,11 +35,12 @@ import time
 from machine import isa_flags, lscpu
 
 WIDTH, DEPTH, HEADS, MLP, PATCH, IMAGE, BATCH, CLASSES = 32, 12, 2, 64, 16, 32, 2, 10
-COMPETITORS = ("keras_vit", "keras_vit_compiled", "timm")
+COMPETITORS = ("keras_vit", "keras_vit_adamw", "keras_vit_compiled", "timm")
+TRAINING_ONLY = ("keras_vit_adamw",)
 CASES = ("infer", "train")
 
 
-def _keras_vit(case: str, steps: int, jit_compile: bool = False) -> float:
+def _keras_vit(case: str, steps: int, jit_compile: bool = False, lean_adamw: bool = False) -> float:
     import numpy as np
     import torch
 
@@ -63,8 +66,11 @@ def _keras_vit(case: str, steps: int, jit_compile: bool = False) -> float:
                     model(tensor, training=False)
 
     else:
+        from keras_vit.training import optimization
+
+        adamw = optimization.AdamW if lean_adamw else keras.optimizers.AdamW
         model.compile(
-            optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
+            optimizer=adamw(1e-3, weight_decay=0.05),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=jit_compile,
         )
@@ -134,28 +140,31 @@ def main() -> None:
         if competitor == "timm":
             print(_timm(case, args.steps))
         else:
-            print(_keras_vit(case, args.steps, jit_compile=competitor == "keras_vit_compiled"))
+            jit_compile, lean_adamw = competitor == "keras_vit_compiled", competitor == "keras_vit_adamw"
+            print(_keras_vit(case, args.steps, jit_compile=jit_compile, lean_adamw=lean_adamw))
         return
     environment = {**os.environ, "KERAS_BACKEND": "torch"}
-    seconds = {(competitor, case): [] for competitor in COMPETITORS for case in args.cases}
+    runs = {
+        case: [name for name in COMPETITORS if case == "train" or name not in TRAINING_ONLY]
+        for case in args.cases
+    }
+    seconds = {(competitor, case): [] for case in args.cases for competitor in runs[case]}
     for _ in range(args.rounds):
         for case in args.cases:
-            for competitor in COMPETITORS:
+            for competitor in runs[case]:
                 command = [sys.executable, __file__, "--one", competitor, case, "--steps", str(args.steps)]
                 done = subprocess.run(command, capture_output=True, text=True, env=environment, check=True)
                 seconds[competitor, case].append(float(done.stdout.strip().splitlines()[-1]))
     rows = []
     for case in args.cases:  # per step, in milliseconds
-        by_name = {name: seconds[name, case] for name in COMPETITORS}
+        by_name = {name: seconds[name, case] for name in runs[case]}
         ms = {name: round(statistics.median(times) * 1000, 2) for name, times in by_name.items()}
         rows.append(
             {
                 "case": case,
                 "ms_per_step": ms,
-                "vs_timm": {name: round(ms["timm"] / ms[name], 2) for name in COMPETITORS if name != "timm"},
-                "rounds_ms": {
-                    name: [round(1000 * x, 2) for x in seconds[name, case]] for name in COMPETITORS
-                },
+                "vs_timm": {name: round(ms["timm"] / ms[name], 2) for name in runs[case] if name != "timm"},
+                "rounds_ms": {name: [round(1000 * x, 2) for x in seconds[name, case]] for name in runs[case]},
             }
         )
         print(json.dumps(rows[-1]), flush=True)

@@ -33,7 +33,15 @@ import numpy as np
 
 from keras_vit.models.attention import choose_attention, compute_device
 
-__all__ = ["applies", "block_call", "compiled_model_call", "compiles_forward", "model_applies", "model_call"]
+__all__ = [
+    "VariableReader",
+    "applies",
+    "block_call",
+    "compiled_model_call",
+    "compiles_forward",
+    "model_applies",
+    "model_call",
+]
 
 
 def applies(block, training, return_attention_scores: bool) -> str | None:
@@ -55,10 +63,10 @@ def applies(block, training, return_attention_scores: bool) -> str | None:
     return None if implementation == "fused_padded" else implementation
 
 
-class _Reader:
+class VariableReader:
     """A variable's tensor as `Variable.value` gives it (inside a layer's call: cast to the compute
     dtype by Keras's autocast), with `value`'s scope checks made once per call instead of per read
-    (~200 reads per forward pass of ViT-B/16's structure)."""
+    (~200 reads per forward pass of ViT-B/16's structure; ~800 per step of `optimization.AdamW`)."""
 
     def __init__(self):
         from keras.src.backend.common.stateless_scope import in_stateless_scope
@@ -101,7 +109,7 @@ def _cached_scalar(value: float, dtype, device):
     return torch.tensor(value, dtype=dtype, device=device)
 
 
-def _layer_norm(tokens, layer, read: _Reader):
+def _layer_norm(tokens, layer, read: VariableReader):
     """Keras's LayerNormalization on torch: `F.layer_norm` in at least float32, back to the input's dtype."""
     import torch
     import torch.nn.functional as F
@@ -112,13 +120,13 @@ def _layer_norm(tokens, layer, read: _Reader):
     return normed.to(tokens.dtype)
 
 
-def _dense(hidden, layer, read: _Reader):
+def _dense(hidden, layer, read: VariableReader):
     import torch
 
     return torch.matmul(hidden, read.kernel(layer)) + read(layer.bias)
 
 
-def _attention(tokens, attention, implementation: str, read: _Reader):
+def _attention(tokens, attention, implementation: str, read: VariableReader):
     """`MultiHeadSelfAttention.call`'s fused-projection path for `(batch, tokens, width)` tokens."""
     import torch
 
@@ -163,12 +171,12 @@ def _fused_attention(query, key, value):
     return F.scaled_dot_product_attention(query.contiguous(), key.contiguous(), value.contiguous(), scale=1.0)
 
 
-def block_call(block, tokens, implementation: str, read: _Reader | None = None):
+def block_call(block, tokens, implementation: str, read: VariableReader | None = None):
     """`TransformerBlock.call(tokens, training)` where `applies` (which chose the attention
-    `implementation`): x + MSA(LN(x)), then x + MLP(LN(x)). `read`: the caller's `_Reader`."""
+    `implementation`): x + MSA(LN(x)), then x + MLP(LN(x)). `read`: the caller's `VariableReader`."""
     import torch.nn.functional as F
 
-    read = read or _Reader()
+    read = read or VariableReader()
     normed = _layer_norm(tokens, block.norm1, read)
     tokens = tokens + _attention(normed, block.attention, implementation, read)
     hidden = _dense(_layer_norm(tokens, block.norm2, read).reshape(-1, tokens.shape[-1]), block.fc1, read)
@@ -234,7 +242,7 @@ def model_applies(model, inputs, training) -> tuple[str, ...] | None:
     return None if None in implementations else implementations
 
 
-def _patch_embed(images, layer, read: _Reader):
+def _patch_embed(images, layer, read: VariableReader):
     """`PatchEncoder.call`: the patches cut by a reshape and a transpose, one matrix product."""
     import torch
 
@@ -247,7 +255,7 @@ def _patch_embed(images, layer, read: _Reader):
     return tokens.reshape(-1, rows * columns, width)
 
 
-def _class_token(tokens, layer, read: _Reader):
+def _class_token(tokens, layer, read: VariableReader):
     """`ClassToken.call`: the [class] token first."""
     import torch
 
@@ -255,17 +263,17 @@ def _class_token(tokens, layer, read: _Reader):
     return torch.cat([torch.broadcast_to(token, (tokens.shape[0], 1, tokens.shape[-1])), tokens], dim=1)
 
 
-def _pos_embed(tokens, layer, read: _Reader):
+def _pos_embed(tokens, layer, read: VariableReader):
     """`PositionEmbedding.call`."""
     return tokens + read(layer.embedding).to(tokens.dtype)
 
 
-def _dense_layer(hidden, layer, read: _Reader):
+def _dense_layer(hidden, layer, read: VariableReader):
     """`Dense.call` (its activation too) for a `keras.layers.Dense` with a bias."""
     return layer.activation(_dense(hidden, layer, read))
 
 
-def _layer_call(model, layer, inputs, read: _Reader, arithmetic=None):
+def _layer_call(model, layer, inputs, read: VariableReader, arithmetic=None):
     """`layer(inputs)` as the model's graph calls it. Where the layer has the model's dtype policy
     (the model's autocast scope is the one its `__call__` would run in; a layer with `autocast=False`,
     as Keras's LayerNormalization, enters none and its variables are not cast either way), is not
@@ -288,7 +296,7 @@ def model_call(model, inputs, implementations: tuple[str, ...]):
     """`ViT.call(inputs, training)` where `model_applies` (which chose each block's attention):
     the graph's layers in its order, each computing as its own call, without a `Layer.__call__`
     per layer (~0.1 ms of host work each)."""
-    parts, read = _parts(model), _Reader()
+    parts, read = _parts(model), VariableReader()
     tokens = keras.ops.convert_to_tensor(inputs, dtype=model.image_dtype)  # as the graph's input
     if parts.pixel_normalization is not None:
         tokens = _layer_call(model, parts.pixel_normalization, tokens, read)

@@ -5,6 +5,8 @@ this module holds what they build:
 
 * `WarmupDecay`: linear warm-up, then cosine or linear decay; the learning-rate schedule
   of every ViT run.
+* `AdamW`: Keras's AdamW, with a leaner update on PyTorch (bit for bit Keras's);
+  `KernelDecayAdamW`, the same with weight decay on kernels only.
 * `pretraining_optimizer`: AdamW (β1 0.9, β2 0.999, decoupled weight decay 0.1), global
   gradient clipping at norm 1, warm-up + linear decay.
 * `finetuning_optimizer`: SGD with momentum 0.9, no weight decay, global clipping at norm 1,
@@ -45,6 +47,7 @@ import keras
 from keras import ops
 
 __all__ = [
+    "AdamW",
     "KernelDecayAdamW",
     "LabelAccuracy",
     "SparseCrossentropy",
@@ -132,8 +135,81 @@ def _ema_arguments(ema_momentum: float | None) -> dict:
     return {"use_ema": True, "ema_momentum": float(ema_momentum)}
 
 
+def _torch_reader():
+    """`eager_torch.VariableReader` where Keras's PyTorch update may run on the variables' tensors
+    directly (PyTorch, outside a stateless scope and a symbolic call), else None."""
+    if keras.backend.backend() != "torch":
+        return None
+    from keras_vit.models.eager_torch import VariableReader
+
+    read = VariableReader()
+    return read if read.direct else None
+
+
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class KernelDecayAdamW(keras.optimizers.AdamW):
+class AdamW(keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` whose PyTorch update reads each variable once per step.
+
+    Keras's own AdamW on PyTorch runs its update as `torch._foreach_*` operations, but reads every
+    variable, first and second moment through `Variable.value` and its scope checks (~800 reads
+    per step of ViT-B/16's 200 weights), and a subclass of it gets Keras's per-variable update
+    instead (~5x slower). This class runs Keras's foreach operations on tensors read once
+    (`eager_torch.VariableReader`): bit for bit Keras's `AdamW` on PyTorch (weight decay, amsgrad,
+    schedules), with less host work per step. Other backends, a stateless scope and a symbolic
+    call run Keras's update.
+    """
+
+    def _apply_weight_decay(self, variables):
+        read = _torch_reader()
+        if read is None or self.weight_decay is None:
+            return super()._apply_weight_decay(variables)
+        import torch
+
+        with torch.no_grad():
+            torch._foreach_mul_(
+                [read(variable) for variable in variables if self._use_weight_decay(variable)],
+                1 - self.weight_decay * self._get_current_learning_rate(),
+            )
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        read = _torch_reader()
+        if read is None:
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        import torch
+
+        with torch.no_grad():
+            self._foreach_update(grads, trainable_variables, learning_rate, read)
+
+    def _foreach_update(self, grads, keras_variables, learning_rate, read) -> None:
+        """Keras's PyTorch Adam update (`torch_adam.Adam._parallel_update_step`), its operations in
+        its order, on the tensors `read` gives."""
+        import torch
+
+        variables = [read(variable) for variable in keras_variables]
+        indices = [self._get_variable_index(variable) for variable in keras_variables]
+        dtype = variables[0].dtype
+        lr = ops.cast(learning_rate, dtype)
+        local_step = ops.cast(self.iterations + 1, dtype)
+        beta_1_power = ops.power(ops.cast(self.beta_1, dtype), local_step)
+        beta_2_power = ops.power(ops.cast(self.beta_2, dtype), local_step)
+        alpha = lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        m_list = [read(self._momentums[index]) for index in indices]
+        v_list = [read(self._velocities[index]) for index in indices]
+        torch._foreach_mul_(m_list, self.beta_1)
+        torch._foreach_add_(m_list, grads, alpha=1 - self.beta_1)
+        torch._foreach_mul_(v_list, self.beta_2)
+        torch._foreach_add_(v_list, torch._foreach_mul(grads, grads), alpha=1 - self.beta_2)
+        if self.amsgrad:
+            v_hat_list = [read(self._velocity_hats[index]) for index in indices]
+            torch._foreach_maximum_(v_hat_list, v_list)
+            v_list = v_hat_list
+        denominators = torch._foreach_add(torch._foreach_sqrt(v_list), self.epsilon)
+        steps = torch._foreach_div(torch._foreach_mul(m_list, alpha), denominators)
+        torch._foreach_add_(variables, steps, alpha=-1)
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class KernelDecayAdamW(AdamW):
     """AdamW whose decoupled weight decay applies to kernels only (variables named `kernel`).
 
     Biases, LayerNorm/GroupNorm scales and offsets, the [class] token and the position
