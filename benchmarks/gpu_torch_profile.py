@@ -34,12 +34,7 @@ def profile_mode(worker: KerasWorker, case, jit: bool, warmup: int, steps: int) 
     import keras
     from torch.profiler import ProfilerActivity, profile
 
-    model = worker.build(case)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=jit,
-    )
+    model = worker.compiled_for_training(case, jit)
     images, labels = (
         keras.ops.convert_to_tensor(value) for value in random_batch(case.batch, case.image_size)
     )
