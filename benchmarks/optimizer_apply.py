@@ -1,12 +1,13 @@
-"""Host time of one AdamW update on Keras's PyTorch backend: Keras's AdamW against keras_vit's.
+"""Host time of one optimizer update on Keras's PyTorch backend: Keras's AdamW and SGD against keras_vit's.
 
     python benchmarks/optimizer_apply.py [--rounds 30 --applies 30] [--out FILE]
 
 `optimizer.apply(grads, variables)` for the 200 trainable weights of ViT-B/16's structure narrowed to
 width 32 (`torch_overhead.py`'s model: the arithmetic is small, the time is the per-variable work), one
 torch thread, CPU seconds per apply (`time.process_time`). Competitors: `keras.optimizers.AdamW`,
-`keras_vit.training.optimization.AdamW` (the same foreach operations, bit for bit, on tensors read once)
-and `KernelDecayAdamW` (keras_vit's, kernels decayed only), each built and warmed up, then measured in
+`keras_vit.training.optimization.AdamW` (the same foreach operations, bit for bit, on tensors read once),
+`KernelDecayAdamW` (keras_vit's, kernels decayed only), and `keras.optimizers.SGD` against
+`optimization.SGD` (momentum 0.9, the fine-tuning recipe's), each built and warmed up, then measured in
 turns, `--rounds` rounds of `--applies` applies each; the median and the fastest round are reported.
 """
 
@@ -46,6 +47,8 @@ def main() -> None:
         "keras AdamW": keras.optimizers.AdamW(1e-3, weight_decay=0.05),
         "keras_vit AdamW": optimization.AdamW(1e-3, weight_decay=0.05),
         "keras_vit KernelDecayAdamW": optimization.KernelDecayAdamW(1e-3, weight_decay=0.05),
+        "keras SGD": keras.optimizers.SGD(1e-2, momentum=0.9),
+        "keras_vit SGD": optimization.SGD(1e-2, momentum=0.9),
     }
     ms = {name: [] for name in optimizers}
     for optimizer in optimizers.values():

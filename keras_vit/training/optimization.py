@@ -5,8 +5,8 @@ this module holds what they build:
 
 * `WarmupDecay`: linear warm-up, then cosine or linear decay; the learning-rate schedule
   of every ViT run.
-* `AdamW`: Keras's AdamW, with a leaner update on PyTorch (bit for bit Keras's);
-  `KernelDecayAdamW`, the same with weight decay on kernels only.
+* `AdamW` and `SGD`: Keras's, with a leaner update on PyTorch (bit for bit Keras's);
+  `KernelDecayAdamW`, AdamW with weight decay on kernels only.
 * `pretraining_optimizer`: AdamW (β1 0.9, β2 0.999, decoupled weight decay 0.1), global
   gradient clipping at norm 1, warm-up + linear decay.
 * `finetuning_optimizer`: SGD with momentum 0.9, no weight decay, global clipping at norm 1,
@@ -50,6 +50,7 @@ __all__ = [
     "AdamW",
     "KernelDecayAdamW",
     "LabelAccuracy",
+    "SGD",
     "SparseCrossentropy",
     "WarmupDecay",
     "finetuning_optimizer",
@@ -146,18 +147,12 @@ def _torch_reader():
     return read if read.direct else None
 
 
-@keras.saving.register_keras_serializable(package=_PACKAGE)
-class AdamW(keras.optimizers.AdamW):
-    """`keras.optimizers.AdamW` whose PyTorch update reads each variable once per step.
-
-    Keras's own AdamW on PyTorch runs its update as `torch._foreach_*` operations, but reads every
-    variable, first and second moment through `Variable.value` and its scope checks (~800 reads
-    per step of ViT-B/16's 200 weights), and a subclass of it gets Keras's per-variable update
-    instead (~5x slower). This class runs Keras's foreach operations on tensors read once
-    (`eager_torch.VariableReader`): bit for bit Keras's `AdamW` on PyTorch (weight decay, amsgrad,
-    schedules), with less host work per step. Other backends, a stateless scope and a symbolic
-    call run Keras's update.
-    """
+class _ReadOnceOnPyTorch:
+    """What keras_vit's optimizers change of Keras's: on PyTorch, the update (weight decay, then
+    `_foreach_update`, Keras's own foreach operations in Keras's order) runs on tensors read once
+    per step (`eager_torch.VariableReader`) instead of through `Variable.value` and its scope
+    checks for every variable and slot. Other backends, a stateless scope and a symbolic call run
+    Keras's update."""
 
     def _apply_weight_decay(self, variables):
         read = _torch_reader()
@@ -179,6 +174,19 @@ class AdamW(keras.optimizers.AdamW):
 
         with torch.no_grad():
             self._foreach_update(grads, trainable_variables, learning_rate, read)
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class AdamW(_ReadOnceOnPyTorch, keras.optimizers.AdamW):
+    """`keras.optimizers.AdamW` whose PyTorch update reads each variable once per step.
+
+    Keras's own AdamW on PyTorch runs its update as `torch._foreach_*` operations, but reads every
+    variable, first and second moment through `Variable.value` and its scope checks (~800 reads
+    per step of ViT-B/16's 200 weights), and a subclass of it gets Keras's per-variable update
+    instead (~8x slower than Keras's own). This class runs Keras's foreach operations on tensors
+    read once: bit for bit Keras's `AdamW` on PyTorch (weight decay, amsgrad, schedules), with less
+    host work.
+    """
 
     def _foreach_update(self, grads, keras_variables, learning_rate, read) -> None:
         """Keras's PyTorch Adam update (`torch_adam.Adam._parallel_update_step`), its operations in
@@ -225,6 +233,30 @@ class KernelDecayAdamW(AdamW):
         super().build(var_list)
 
 
+@keras.saving.register_keras_serializable(package=_PACKAGE)
+class SGD(_ReadOnceOnPyTorch, keras.optimizers.SGD):
+    """`keras.optimizers.SGD` whose PyTorch update reads each variable once per step (see `AdamW`):
+    bit for bit Keras's `SGD` on PyTorch (momentum, Nesterov, weight decay)."""
+
+    def _foreach_update(self, grads, keras_variables, learning_rate, read) -> None:
+        """Keras's PyTorch SGD update (`torch_sgd.SGD._parallel_update_step`), its operations in its
+        order, on the tensors `read` gives."""
+        import torch
+
+        variables = [read(variable) for variable in keras_variables]
+        if self.momentum == 0:
+            torch._foreach_add_(variables, grads, alpha=-learning_rate)
+            return
+        buffers = [read(self.momentums[self._get_variable_index(variable)]) for variable in keras_variables]
+        torch._foreach_mul_(buffers, self.momentum)
+        torch._foreach_add_(buffers, grads, alpha=-learning_rate)
+        if self.nesterov:
+            torch._foreach_add_(variables, grads, alpha=-learning_rate)
+            torch._foreach_add_(variables, buffers, alpha=self.momentum)
+        else:
+            torch._foreach_add_(variables, buffers)
+
+
 def pretraining_optimizer(
     total_steps: int,
     *,
@@ -267,7 +299,7 @@ def finetuning_optimizer(
     `total_steps`. The paper sweeps the learning rate in {0.001, 0.003, 0.01, 0.03};
     `ema_momentum=0.9999` gives the Polyak averaging of its Table 2 runs.
     """
-    return keras.optimizers.SGD(
+    return SGD(
         learning_rate=WarmupDecay(learning_rate, total_steps, warmup_steps, decay="cosine"),
         momentum=momentum,
         global_clipnorm=1.0,

@@ -1,6 +1,6 @@
-"""keras_vit's AdamW (`keras_vit.training.optimization.AdamW`, and `KernelDecayAdamW` built on it) updates as
-`keras.optimizers.AdamW` does, bit for bit, on every backend: on PyTorch through its own lean foreach
-update, elsewhere through Keras's."""
+"""keras_vit's optimizers (`keras_vit.training.optimization.AdamW`, `KernelDecayAdamW` built on it, and `SGD`)
+update as Keras's `AdamW` and `SGD` do, bit for bit, on every backend: on PyTorch through their own lean
+foreach updates, elsewhere through Keras's."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _trained(optimizer_class, init, grads, excluded: bool, **options) -> list[np
     """The variables and the optimizer's variables after `STEPS` updates with `grads`."""
     variables = [keras.Variable(value, name="kernel" if value.ndim > 1 else "bias") for value in init]
     schedule = keras.optimizers.schedules.ExponentialDecay(1e-2, decay_steps=2, decay_rate=0.5)
-    optimizer = optimizer_class(learning_rate=schedule, weight_decay=0.1, **options)
+    optimizer = optimizer_class(learning_rate=schedule, **{"weight_decay": 0.1, **options})
     if excluded:
         optimizer.exclude_from_weight_decay(var_list=[v for v in variables if v.name != "kernel"])
     for step_grads in grads:
@@ -39,6 +39,27 @@ def test_adamw_updates_as_keras_adamw_bit_for_bit(amsgrad, excluded, rng):
     for mine, keras_own in zip(got, expected, strict=True):
         np.testing.assert_array_equal(mine, keras_own)
     assert np.abs(got[0] - init[0]).max() > 1e-3  # the weights moved
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"momentum": 0.0},
+        {"momentum": 0.9},
+        {"momentum": 0.9, "nesterov": True},
+        {"momentum": 0.9, "weight_decay": 0.1},
+    ],
+    ids=["plain", "momentum", "nesterov", "weight_decay"],
+)
+def test_sgd_updates_as_keras_sgd_bit_for_bit(options, rng):
+    init = [rng.normal(size=shape).astype("float32") for shape in SHAPES]
+    grads = [[rng.normal(size=shape).astype("float32") for shape in SHAPES] for _ in range(STEPS)]
+    options = {"weight_decay": None, **options}
+    expected = _trained(keras.optimizers.SGD, init, grads, excluded=False, **options)
+    got = _trained(optimization.SGD, init, grads, excluded=False, **options)
+    for mine, keras_own in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine, keras_own)
+    assert np.abs(got[0] - init[0]).max() > 1e-3
 
 
 def test_kernel_decay_adamw_is_adamw_excluding_all_but_kernels(rng):
