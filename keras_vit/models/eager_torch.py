@@ -106,7 +106,10 @@ def _scalar(value: float, dtype, device):
 def _cached_scalar(value: float, dtype, device):
     import torch
 
-    return torch.tensor(value, dtype=dtype, device=device)
+    # Outside inference mode, whatever mode the first call runs in: an inference-mode tensor cannot be
+    # saved for backward, and this one is reused by every later call, training ones too.
+    with torch.inference_mode(False):
+        return torch.tensor(value, dtype=dtype, device=device)
 
 
 def _layer_norm(tokens, layer, read: VariableReader):

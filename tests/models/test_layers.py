@@ -515,6 +515,25 @@ def test_eager_torch_model_reads_variables_as_keras_does(rng, monkeypatch):
 
 
 @_TORCH_ONLY
+def test_eager_torch_model_trains_after_a_call_in_inference_mode(rng):
+    """The constants the PyTorch path caches (`eager_torch._scalar`) are made outside inference mode:
+    a model first called under `torch.inference_mode()` (as a serving loop or timm-style evaluation
+    does) trains afterwards, rather than failing with "Inference tensors cannot be saved for backward"."""
+    from keras_vit.models import eager_torch
+
+    eager_torch._cached_scalar.cache_clear()  # the first call below makes them
+    config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
+    model = ViT(config, num_classes=5, classifier_activation=None)
+    images = keras.ops.convert_to_tensor(rng.normal(0, 1, (2, 16, 16, 3)).astype("float32"))
+    with torch.inference_mode():
+        expected = model(images, training=False)
+    logits = model(images, training=True)
+    np.testing.assert_array_equal(logits.detach().cpu().numpy(), expected.cpu().numpy())
+    logits.sum().backward()
+    assert all(weight.value.grad is not None for weight in model.trainable_weights)
+
+
+@_TORCH_ONLY
 def test_eager_torch_jit_compile_compiles_the_forward(rng):
     """On PyTorch `compile(jit_compile=True)` runs the forward pass through `torch.compile`
     (`eager_torch.compiled_model_call`, one compiled function per model) and leaves Keras's step
