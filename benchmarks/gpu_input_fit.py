@@ -1,12 +1,12 @@
 """Issue 35's GPU target: `fit` from a JPEG folder against the same step on a device-resident batch.
 
     python benchmarks/gpu_input_fit.py --output DIR [--folder DIR --files 2000] [--workers N]
-        [--steps 150 --warmup 30] [--deadline S] [--tiny]
+        [--steps 150 --warmup 30] [--tiny]
 
 One process, Keras on JAX, the model the training driver fits: `DeviceInput` (uint8 pixels normalised on
 the device) around a random-weight ViT-B/16 classifier of 10 classes built as the GPU mode builds it
-(`worker.KerasWorker.build`: `mixed_bfloat16`), `compile(AdamW(1e-3, weight_decay=0.05), sparse
-cross-entropy, jit_compile=True)`. Three measurements, in this order:
+(`worker.KerasWorker.build`: `mixed_bfloat16`), `compile(worker.adamw(), sparse cross-entropy,
+jit_compile=True)` (AdamW 1e-3, weight decay 0.05). Three measurements, in this order:
 
 1. `device`: `fit` of one device-resident uint8 batch of 64 (the step's rate, as `gpu.py` measures it);
 2. `folder`: `fit` of `keras_vit.data.pyinput.train_pipeline(pixels="uint8", workers=N)` on the folder,
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = 8 if args.tiny else case.batch
     model = DeviceInput(worker.build(case), GOOGLE_MEAN, GOOGLE_STD, num_classes=10)
     model.compile(
-        optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05),
+        optimizer=worker.adamw(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         jit_compile=True,
     )

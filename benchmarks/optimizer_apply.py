@@ -22,8 +22,7 @@ import time
 os.environ["KERAS_BACKEND"] = "torch"
 import torch  # noqa: E402 - PyTorch before Keras (never TensorFlow in this process)
 from machine import isa_flags, lscpu  # noqa: E402
-
-WIDTH, HEADS, MLP, IMAGE = 32, 2, 64, 32
+from torch_overhead import HEADS, IMAGE, MLP, WIDTH  # noqa: E402 - its model
 
 
 def main() -> None:

@@ -364,18 +364,21 @@ class KerasWorker:
 
         return timed(forward), model.count_params()
 
-    def compiled_for_training(self, case: Case, jit: bool, attention: str = "auto"):
-        """A fresh model, compiled with AdamW and the sparse cross-entropy from logits: keras_vit's AdamW
-        where the installed keras_vit has one (Keras's bit for bit, its PyTorch update leaner), else
-        Keras's."""
-        keras = self.keras
-        adamw = keras.optimizers.AdamW
+    def adamw(self):
+        """The benchmark's AdamW (`LEARNING_RATE`, `WEIGHT_DECAY`): keras_vit's where the installed
+        keras_vit has one (Keras's bit for bit, its PyTorch update leaner), else Keras's."""
+        adamw = self.keras.optimizers.AdamW
         if self.framework == "keras_vit":
             with contextlib.suppress(ImportError):  # keras_vit before 0.2.0 has none
                 from keras_vit.training.optimization import AdamW as adamw
+        return adamw(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+
+    def compiled_for_training(self, case: Case, jit: bool, attention: str = "auto"):
+        """A fresh model, compiled with `adamw()` and the sparse cross-entropy from logits."""
+        keras = self.keras
         model = self.build(case, attention)
         model.compile(
-            optimizer=adamw(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY),
+            optimizer=self.adamw(),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=jit,
         )
