@@ -7,8 +7,9 @@ forward through `torch.compile`, Keras's step eager) inferred at timm compiled's
 than eager (909 against 1,294 images/s, ViT-B/16 bf16, batch 64). This profiles both training steps as
 the GPU mode builds and times them (`worker.KerasWorker`: `mixed_bfloat16`, AdamW 1e-3 / 0.05, the
 device-resident batch fed to `fit` by a generator): per mode, `fit` of `--warmup` steps (the compile),
-then `torch.profiler` over `fit` of `--steps` steps. Recorded per mode: wall ms per step, the device's
-kernel time per step (CPU operator time off a GPU), the host's, and the top kernels by self time.
+then `torch.profiler` over `fit` of `--steps` steps, then (on a GPU) `fit` of `--steps` steps counting
+the host-device synchronisations. Recorded per mode: wall ms per step, the device's kernel time per
+step (CPU operator time off a GPU), the host's, the top kernels by self time and the synchronisations.
 Writes DIR/torch_profile.jsonl (one line per mode); prints a summary.
 """
 
@@ -55,6 +56,7 @@ def profile_mode(worker: KerasWorker, case, jit: bool, warmup: int, steps: int) 
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities) as trace:
         fit(steps)
+    syncs = _synchronisations(lambda: fit(steps)) if torch.cuda.is_available() else None
     events = trace.key_averages()
     if cuda:
         kernels = [
@@ -74,8 +76,33 @@ def profile_mode(worker: KerasWorker, case, jit: bool, warmup: int, steps: int) 
         "kernel_ms_per_step": round(sum(spent for _, spent in kernels) / steps / 1e3, 3),
         "host_ms_per_step": round(sum(event.self_cpu_time_total for event in events) / steps / 1e3, 3),
         "kernels": len(kernels),
+        # host-device synchronisations in `fit` of `steps` steps (PyTorch's sync debug mode), by caller;
+        # `fit` itself makes a few per call (metrics reset, the epoch's logs)
+        "synchronisations": syncs,
         "top": [(name, round(spent / steps / 1e3, 3)) for name, spent in kernels[:TOP]],
     }
+
+
+def _synchronisations(run) -> dict:
+    """`run()` under `torch.cuda.set_sync_debug_mode("warn")`: the number of synchronising CUDA calls,
+    by the Python line that made each."""
+    import collections
+    import warnings
+
+    import torch
+
+    callers = collections.Counter()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for warning in caught:
+        if "synchronizing" in str(warning.message):
+            callers[f"{warning.filename.split('site-packages/')[-1]}:{warning.lineno}"] += 1
+    return {"total": sum(callers.values()), "callers": dict(callers.most_common(12))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,9 @@ step is the dispatch: Keras's layer calls, ops, casts and optimizer against timm
 runs through `torch.compile` (`ViT.compile`); the warm-up steps compile it and are not timed.
 `keras_vit_adamw` (training only) is keras_vit compiled with `keras_vit.training.optimization.AdamW`
 (Keras's AdamW, bit for bit, with a leaner PyTorch update) instead of `keras.optimizers.AdamW`.
+`keras_vit_keras_step` (training only) is `keras_vit_adamw` stepping with Keras's own `train_step`
+instead of keras_vit's (`keras_vit.models.torch_step.TorchTrainStep`, the same operations without a
+host-device synchronisation): what the step's changes cost or save on the host.
 
 Cases: `infer` (the forward pass, `training=False`, no gradient) and `train` (one step of `fit`
 for Keras: forward, cross-entropy, backward, AdamW; for timm: zero_grad, forward, cross-entropy,
@@ -31,16 +34,19 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 from machine import isa_flags, lscpu
 
 WIDTH, DEPTH, HEADS, MLP, PATCH, IMAGE, BATCH, CLASSES = 32, 12, 2, 64, 16, 32, 2, 10
-COMPETITORS = ("keras_vit", "keras_vit_adamw", "keras_vit_compiled", "timm")
-TRAINING_ONLY = ("keras_vit_adamw",)
+COMPETITORS = ("keras_vit", "keras_vit_adamw", "keras_vit_keras_step", "keras_vit_compiled", "timm")
+TRAINING_ONLY = ("keras_vit_adamw", "keras_vit_keras_step")
 CASES = ("infer", "train")
 
 
-def _keras_vit(case: str, steps: int, jit_compile: bool = False, lean_adamw: bool = False) -> float:
+def _keras_vit(
+    case: str, steps: int, jit_compile: bool = False, lean_adamw: bool = False, keras_step: bool = False
+) -> float:
     import numpy as np
     import torch
 
@@ -74,6 +80,8 @@ def _keras_vit(case: str, steps: int, jit_compile: bool = False, lean_adamw: boo
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             jit_compile=jit_compile,
         )
+        if keras_step:
+            model.train_step = types.MethodType(keras.Model.train_step, model)
 
         def batches():
             while True:
@@ -140,8 +148,10 @@ def main() -> None:
         if competitor == "timm":
             print(_timm(case, args.steps))
         else:
-            jit_compile, lean_adamw = competitor == "keras_vit_compiled", competitor == "keras_vit_adamw"
-            print(_keras_vit(case, args.steps, jit_compile=jit_compile, lean_adamw=lean_adamw))
+            jit_compile = competitor == "keras_vit_compiled"
+            keras_step = competitor == "keras_vit_keras_step"
+            lean_adamw = competitor == "keras_vit_adamw" or keras_step
+            print(_keras_vit(case, args.steps, jit_compile, lean_adamw, keras_step))
         return
     environment = {**os.environ, "KERAS_BACKEND": "torch"}
     runs = {

@@ -6,6 +6,8 @@ Every layer computes with `keras.ops`, creates its sublayers with its own dtype 
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import numpy as np
 from keras import ops
@@ -13,6 +15,7 @@ from keras import ops
 from keras_vit.checkpoints.pos_embed import resize_pos_embed
 from keras_vit.models import eager_torch
 from keras_vit.models.attention import checked_implementation, choose_attention, fused_attention
+from keras_vit.models.torch_step import host_seed_generator, keras_constant, uniform
 from keras_vit.registry.catalog import normalize
 
 __all__ = [
@@ -41,9 +44,17 @@ def normalize_pixels(images, mean, std):
     `(256, C)` table computed by `keras_vit.registry.catalog.normalize`, so equal to the host's
     normalisation bit for bit (`PixelNormalization`'s computation, for models that normalise in a step)."""
     channels = images.shape[-1]
-    levels = np.repeat(np.arange(256, dtype="uint8")[:, None], channels, axis=1)
-    table = ops.convert_to_tensor(normalize(levels, mean, std).reshape(-1))
+    mean, std = tuple(float(value) for value in mean), tuple(float(value) for value in std)
+    # Made once per statistics (on PyTorch: once on the device, no host-to-device copy per call).
+    table = keras_constant(_pixel_table(mean, std, channels), key=("pixel_table", mean, std, channels))
     return ops.take(table, ops.cast(images, "int32") * channels + ops.arange(channels, dtype="int32"))
+
+
+@functools.cache
+def _pixel_table(mean: tuple[float, ...], std: tuple[float, ...], channels: int) -> np.ndarray:
+    """`normalize` of every uint8 level in each channel, flattened: entry `level * channels + channel`."""
+    levels = np.repeat(np.arange(256, dtype="uint8")[:, None], channels, axis=1)
+    return normalize(levels, mean, std).reshape(-1)
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
@@ -287,14 +298,15 @@ class DropPath(keras.layers.Layer):
             raise ValueError(f"DropPath rate must be in [0, 1), got {rate}.")
         self.rate = float(rate)
         self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed) if rate > 0 else None
+        # On PyTorch its state is on the host: a draw never waits for the GPU (`torch_step.uniform`).
+        self.seed_generator = host_seed_generator(seed) if rate > 0 else None
 
     def call(self, inputs, training=None):
         if not training or self.rate == 0.0:
             return inputs
         keep = 1.0 - self.rate
         shape = (ops.shape(inputs)[0],) + (1,) * (len(inputs.shape) - 1)
-        mask = keras.random.uniform(shape, seed=self.seed_generator) < keep
+        mask = uniform(shape, self.seed_generator) < keep
         return ops.where(mask, inputs / ops.cast(keep, inputs.dtype), ops.zeros_like(inputs))
 
     def compute_output_shape(self, input_shape):

@@ -33,6 +33,7 @@ from keras_vit.models.layers import (
     TransformerBlock,
 )
 from keras_vit.models.parallel import check_array_batches
+from keras_vit.models.torch_step import TorchTrainStep, device_constants
 from keras_vit.registry import catalog
 from keras_vit.registry.variants import NUMERICS, ViTConfig
 from keras_vit.utils.validation import positive_int
@@ -70,7 +71,7 @@ def _rate(value, what: str) -> float:
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class ViT(keras.Model):
+class ViT(TorchTrainStep, keras.Model):
     """A Vision Transformer (or hybrid ResNet+ViT) built from a `ViTConfig`.
 
     Layout: [hybrids: the BiT ResNet `stem`] -> `patch_embed` -> `class_token` (if
@@ -271,7 +272,8 @@ class ViT(keras.Model):
             if implementations:
                 forward = eager_torch.compiled_model_call if self.compiled_forward else eager_torch.model_call
                 return forward(self, inputs, implementations)
-        return super().call(inputs, training=training, mask=mask, **kwargs)
+        with device_constants():  # PyTorch: the layers' constants made without a host-to-device copy
+            return super().call(inputs, training=training, mask=mask, **kwargs)
 
     # --- input checks and a usable model after a failure (`keras_vit.models.guards`) -------------
     def __call__(self, *args, **kwargs):

@@ -31,11 +31,12 @@ from keras import ops
 from keras_vit.data.pyinput import IMAGES, MIXUP_WEIGHT
 from keras_vit.models import eager_torch
 from keras_vit.models.layers import normalize_pixels
+from keras_vit.models.torch_step import TorchTrainStep
 
 __all__ = ["DeviceInput", "unwrapped"]
 
 
-class DeviceInput(keras.Model):
+class DeviceInput(TorchTrainStep, keras.Model):
     """Trains `network` on uint8 batches: normalises them (`mean`, `std`) and mixes them in the step.
 
     Input: uint8 images `(B, H, W, C)`, or `{"images": uint8, "mixup_weight": float32 (B,)}` for mixup

@@ -46,6 +46,7 @@ from keras import ops
 
 from keras_vit.models.build import build_vit
 from keras_vit.models.layers import normalize_pixels
+from keras_vit.models.torch_step import TorchTrainStep
 from keras_vit.models.vit import ViT
 from keras_vit.registry.catalog import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.registry.variants import ViTConfig, config_of, model_config
@@ -291,7 +292,7 @@ def _token_backbone(model: keras.Model) -> ViT:
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
-class MaskedPatchPredictor(keras.Model):
+class MaskedPatchPredictor(TorchTrainStep, keras.Model):
     """A keras_vit backbone trained to predict corrupted patches (see the module docstring).
 
     Built from `backbone` (any keras_vit model, plain or hybrid; a classifier's pooling and

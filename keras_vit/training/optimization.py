@@ -46,6 +46,8 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.models.torch_step import device_constants
+
 __all__ = [
     "AdamW",
     "KernelDecayAdamW",
@@ -151,8 +153,16 @@ class _ReadOnceOnPyTorch:
     """What keras_vit's optimizers change of Keras's: on PyTorch, the update (weight decay, then
     `_foreach_update`, Keras's own foreach operations in Keras's order) runs on tensors read once
     per step (`eager_torch.VariableReader`) instead of through `Variable.value` and its scope
-    checks for every variable and slot. Other backends, a stateless scope and a symbolic call run
-    Keras's update."""
+    checks for every variable and slot, and the tensors Keras makes of Python numbers (the step
+    count, constants, a schedule's) come from `torch_step.device_constants` (no host-device
+    synchronisation on a GPU). Other backends, a stateless scope and a symbolic call run Keras's
+    update."""
+
+    def apply(self, grads, trainable_variables=None):
+        if keras.backend.backend() != "torch":
+            return super().apply(grads, trainable_variables)
+        with device_constants():
+            return super().apply(grads, trainable_variables)
 
     def _apply_weight_decay(self, variables):
         read = _torch_reader()
