@@ -75,7 +75,7 @@ EXPECTED_SKIPS = {
         "tensorflow",
         "jax",
     },
-    "tests/models/test_torch_step.py::test_uniform_draws_keras_numbers_from_a_seed_kept_on_the_host": {
+    "tests/models/test_torch_step.py::test_draws_are_keras_numbers_from_a_seed_kept_on_the_host": {
         "tensorflow",
         "jax",
     },

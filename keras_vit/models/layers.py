@@ -46,7 +46,7 @@ def normalize_pixels(images, mean, std):
     channels = images.shape[-1]
     mean, std = tuple(float(value) for value in mean), tuple(float(value) for value in std)
     # Made once per statistics (on PyTorch: once on the device, no host-to-device copy per call).
-    table = keras_constant(_pixel_table(mean, std, channels), key=("pixel_table", mean, std, channels))
+    table = keras_constant(_pixel_table(mean, std, channels))
     return ops.take(table, ops.cast(images, "int32") * channels + ops.arange(channels, dtype="int32"))
 
 

@@ -29,24 +29,28 @@ __all__ = [
     "device_constants",
     "host_seed_generator",
     "keras_constant",
+    "randint",
     "uniform",
 ]
 
 _LIMIT = 1024  # distinct constants kept; past it, constants are made as before (a changing value per step)
 _CONSTANTS: dict = {}
 _MAX_SEQUENCE = 64
+_MAX_ARRAY_BYTES = 65536
 _ACTIVE = threading.local()  # whether this thread is inside `device_constants()`
 
 
 def _data_key(data):
     """A hashable key for Python numbers or a flat tuple/list of them (bool, int and float told apart,
-    -0.0 from 0.0 and every NaN alike), or None for anything else."""
+    -0.0 from 0.0 and every NaN alike) or a small NumPy array (its bytes), or None for anything else."""
     if isinstance(data, bool):
         return ("b", data)
     if isinstance(data, int):
         return ("i", data)
     if isinstance(data, float):
         return ("f", data.hex())
+    if isinstance(data, np.ndarray) and data.nbytes <= _MAX_ARRAY_BYTES:
+        return ("a", data.dtype.str, data.shape, data.tobytes())
     if isinstance(data, (tuple, list)) and len(data) <= _MAX_SEQUENCE:
         keys = tuple(_data_key(item) for item in data if not isinstance(item, (tuple, list)))
         if len(keys) == len(data) and None not in keys:
@@ -54,14 +58,13 @@ def _data_key(data):
     return None
 
 
-def device_constant(data, dtype, device, key=None):
+def device_constant(data, dtype, device):
     """`torch.as_tensor(data, dtype=dtype, device=device)` made once per value, dtype and device, outside
-    inference mode and autograd: one shared tensor, never to be written into. `data`: Python numbers
-    or a flat tuple/list of them, or with `key` (what determines its values) anything `torch.as_tensor`
-    takes, e.g. a NumPy array."""
+    inference mode and autograd: one shared tensor, never to be written into. `data`: Python numbers,
+    a flat tuple/list of them or a small NumPy array (else made anew each time)."""
     import torch
 
-    key = (_data_key(data) if key is None else key, dtype, str(device))
+    key = (_data_key(data), dtype, str(device))
     tensor = _CONSTANTS.get(key)
     if tensor is None:
         with torch.inference_mode(False), torch.no_grad():
@@ -71,9 +74,9 @@ def device_constant(data, dtype, device, key=None):
     return tensor
 
 
-def keras_constant(array: np.ndarray, key):
-    """`keras.ops.convert_to_tensor(array)`, on PyTorch (outside `torch.compile`, whose graphs hold
-    their constants) made once per `key` (what determines `array`'s values) and Keras's device."""
+def keras_constant(array: np.ndarray):
+    """`keras.ops.convert_to_tensor(array)`, on PyTorch (outside `torch.compile`, whose graphs hold their
+    constants) made once per value and Keras's device (`device_constant`)."""
     if keras.backend.backend() != "torch":
         return keras.ops.convert_to_tensor(array)
     import torch
@@ -81,7 +84,7 @@ def keras_constant(array: np.ndarray, key):
 
     if torch.compiler.is_compiling():
         return keras.ops.convert_to_tensor(array)
-    return device_constant(array, to_torch_dtype(array.dtype), get_device(), key=key)
+    return device_constant(array, to_torch_dtype(array.dtype), get_device())
 
 
 @functools.cache
@@ -113,9 +116,10 @@ def _device_constants_mode() -> type:
 
 def device_constants():
     """A context (a `TorchFunctionMode`) within which `torch.as_tensor` / `torch.tensor` of Python
-    numbers or a flat tuple of them, given a `dtype` and a `device` (as Keras's `convert_to_tensor`
-    calls it), give a copy of `device_constant`'s tensor: the same values, made on the device without
-    waiting for it. Anything else runs as without it. On other backends, a context that does nothing."""
+    numbers, a flat tuple of them or a small NumPy array, given a `dtype` and a `device` (as Keras's
+    `convert_to_tensor` calls it), give a copy of `device_constant`'s tensor: the same values, made on
+    the device without waiting for it. Anything else runs as without it. On other backends, a context
+    that does nothing."""
     if keras.backend.backend() != "torch" or getattr(_ACTIVE, "on", False):
         return contextlib.nullcontext()  # inside one already: a second would see every call again
     return _active(_device_constants_mode()())
@@ -131,34 +135,61 @@ def _active(mode):
         _ACTIVE.on = False
 
 
-def host_seed_generator(seed: int | None = None) -> keras.random.SeedGenerator:
-    """`keras.random.SeedGenerator(seed)`; on PyTorch its state lives on the CPU, for `uniform`."""
+def host_seed_generator(seed: int | None = None, name: str | None = None) -> keras.random.SeedGenerator:
+    """`keras.random.SeedGenerator(seed, name)`; on PyTorch its state lives on the CPU, for `uniform`
+    and `randint`."""
     if keras.backend.backend() != "torch":
-        return keras.random.SeedGenerator(seed)
+        return keras.random.SeedGenerator(seed, name=name)
     with keras.device("cpu"):
-        return keras.random.SeedGenerator(seed)
+        return keras.random.SeedGenerator(seed, name=name)
 
 
 def uniform(shape: tuple[int, ...], seed_generator: keras.random.SeedGenerator, dtype: str = "float32"):
-    """`keras.random.uniform(shape, seed=seed_generator, dtype=dtype)`, the same values. On PyTorch, for a
-    `host_seed_generator`, the seed is drawn and advanced on the CPU and only the numbers are made on
-    Keras's device: Keras's own draw reads the seed back from the device and copies an increment to
-    it, two waits for the GPU per draw."""
-    if keras.backend.backend() != "torch":
+    """`keras.random.uniform(shape, seed=seed_generator, dtype=dtype)`, the same values; drawn without a
+    wait for the GPU from a `host_seed_generator` (`_device_generator`)."""
+    generator = _device_generator(seed_generator)
+    if generator is None:
         return keras.random.uniform(shape, seed=seed_generator, dtype=dtype)
     import torch
     from keras.src.backend.torch.core import get_device, to_torch_dtype
+
+    return torch.rand(shape, generator=generator, dtype=to_torch_dtype(dtype), device=get_device())
+
+
+def randint(shape: tuple[int, ...], minval: int, maxval: int, seed_generator, dtype: str = "int32"):
+    """`keras.random.randint(shape, minval, maxval, seed=seed_generator, dtype=dtype)`, the same values;
+    drawn without a wait for the GPU from a `host_seed_generator` (`_device_generator`)."""
+    generator = _device_generator(seed_generator)
+    if generator is None:
+        return keras.random.randint(shape, minval, maxval, seed=seed_generator, dtype=dtype)
+    import torch
+    from keras.src.backend.torch.core import get_device, to_torch_dtype
+
+    dtype, device = to_torch_dtype(dtype), get_device()
+    return torch.randint(low=minval, high=maxval, size=shape, generator=generator, dtype=dtype, device=device)
+
+
+def _device_generator(seed_generator: keras.random.SeedGenerator):
+    """On PyTorch, Keras's `torch_seed_generator(seed_generator)` for a generator whose state is on the
+    CPU: the seed drawn and advanced there, and a `torch.Generator` on Keras's device seeded with it.
+    Keras's own draw reads the seed back from the device and copies an increment to it, two waits for
+    the GPU per draw. None where Keras's draw runs: other backends, a symbolic call, `torch.compile`, a
+    state on the device."""
+    if keras.backend.backend() != "torch":
+        return None
+    import torch
+    from keras.src.backend.torch.core import get_device
     from keras.src.random.seed_generator import draw_seed
 
     device = get_device()
     if device == "meta" or torch.compiler.is_compiling() or seed_generator.state.value.device.type != "cpu":
-        return keras.random.uniform(shape, seed=seed_generator, dtype=dtype)
-    with keras.device("cpu"):  # as Keras's `torch_seed_generator`, on the host
+        return None
+    with keras.device("cpu"):
         first_seed, second_seed = draw_seed(seed_generator)
         seed = int(first_seed + second_seed) & 0xFFFFFFFF
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
-    return torch.rand(shape, generator=generator, dtype=to_torch_dtype(dtype), device=device)
+    return generator
 
 
 class TorchTrainStep:

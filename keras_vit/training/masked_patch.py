@@ -46,7 +46,13 @@ from keras import ops
 
 from keras_vit.models.build import build_vit
 from keras_vit.models.layers import normalize_pixels
-from keras_vit.models.torch_step import TorchTrainStep
+from keras_vit.models.torch_step import (
+    TorchTrainStep,
+    device_constants,
+    host_seed_generator,
+    randint,
+    uniform,
+)
 from keras_vit.models.vit import ViT
 from keras_vit.registry.catalog import GOOGLE_MEAN, GOOGLE_STD
 from keras_vit.registry.variants import ViTConfig, config_of, model_config
@@ -95,7 +101,7 @@ class PatchCorruption(keras.layers.Layer):
     corrupted)`, the second a float `(batch, N)` indicator of the corrupted patches (the loss
     weights). The corruption is the pre-training task, so it applies in training and
     evaluation alike; draws come from a `keras.random.SeedGenerator` (reproducible with
-    `seed`, and its state is a model variable, so backups resume it).
+    `seed`, and its state is a model variable, so backups resume it; on PyTorch kept on the CPU).
     """
 
     def __init__(
@@ -121,7 +127,8 @@ class PatchCorruption(keras.layers.Layer):
         self.seed = seed
         self.mask_initializer = keras.initializers.get(mask_initializer)
         # Named after the layer: its state's path (which backups restore by) is then stable.
-        self.seed_generator = keras.random.SeedGenerator(seed, name=f"{self.name}_seed_generator")
+        # On PyTorch its state is on the host: a draw never waits for the GPU (`torch_step.uniform`).
+        self.seed_generator = host_seed_generator(seed, name=f"{self.name}_seed_generator")
 
     def corrupted_count(self, num_patches: int) -> int:
         """Patches corrupted per image: `round(corrupt_rate * num_patches)`, at least 1."""
@@ -163,10 +170,10 @@ class PatchCorruption(keras.layers.Layer):
         count = self.corrupted_count(num_patches)
         seed = self.seed_generator
         # Rank of each patch under i.i.d. uniform noise: the `count` lowest are a uniform subset.
-        noise = self._draw(lambda shape: keras.random.uniform(shape, seed=seed), batch, num_patches)
+        noise = self._draw(lambda shape: uniform(shape, seed), batch, num_patches)
         ranks = ops.argsort(ops.argsort(noise, axis=-1), axis=-1)
         corrupted = ranks < count
-        choice = self._draw(lambda shape: keras.random.uniform(shape, seed=seed), batch, num_patches)
+        choice = self._draw(lambda shape: uniform(shape, seed), batch, num_patches)
         use_mask = ops.logical_and(corrupted, choice < self.mask_rate)
         use_random = ops.logical_and(
             corrupted,
@@ -174,8 +181,8 @@ class PatchCorruption(keras.layers.Layer):
         )
         # Another patch of the (replica's) batch: flat index shifted by 1 .. total-1, never itself.
         total = batch * num_patches
-        high = ops.maximum(total, 2)
-        shift = self._draw(lambda shape: keras.random.randint(shape, 1, high, seed=seed), batch, num_patches)
+        high = max(total, 2) if isinstance(total, int) else ops.maximum(total, 2)  # an int where eager
+        shift = self._draw(lambda shape: randint(shape, 1, high, seed), batch, num_patches)
         source = ops.mod(ops.reshape(ops.arange(total), (batch, num_patches)) + shift, total)
         flat = ops.reshape(patches, (-1, width))
         replacement = ops.reshape(ops.take(flat, ops.reshape(source, (-1,)), axis=0), ops.shape(patches))
@@ -375,7 +382,8 @@ class MaskedPatchPredictor(TorchTrainStep, keras.Model):
 
     def call(self, images, training=None):
         patches = self._embed(self.normalized(images), training=training)
-        corrupted_patches, corrupted = self.corruption(patches)
+        with device_constants():  # PyTorch: the corruption's constants made without a host-to-device copy
+            corrupted_patches, corrupted = self.corruption(patches)
         tokens = self._encode(corrupted_patches, training=training)
         outputs = self.head(tokens[:, self.backbone.config.num_prefix_tokens :])
         if self.target != "regression":

@@ -25,6 +25,7 @@ from keras_vit.models.vit import ViT
 from keras_vit.registry.variants import ViTConfig
 from keras_vit.training import optimization
 from keras_vit.training.device_input import DeviceInput
+from keras_vit.training.masked_patch import masked_patch_model
 
 _TORCH_ONLY = pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's training step")
 CONFIG = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
@@ -61,41 +62,49 @@ def _watched_calls():
     return Watch()
 
 
-def _model(network_only: bool, rng, dtype_policy: str, drop_path_rate: float) -> keras.Model:
-    keras.config.set_dtype_policy(dtype_policy)
-    network = ViT(CONFIG, num_classes=CLASSES, classifier_activation=None, drop_path_rate=drop_path_rate)
+def _model(case: dict, rng) -> keras.Model:
+    keras.config.set_dtype_policy(case.get("dtype_policy", "float32"))
+    if case["kind"] == "masked_patch":  # uint8 images: the model normalises and corrupts them itself
+        return masked_patch_model(CONFIG, seed=5)
+    network = ViT(
+        CONFIG, num_classes=CLASSES, classifier_activation=None, drop_path_rate=case.get("drop_path", 0.0)
+    )
     network.set_weights([rng.normal(0, 0.3, w.shape).astype("float32") for w in network.get_weights()])
-    return network if network_only else DeviceInput(network, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), CLASSES)
+    return (
+        network if case["kind"] == "vit" else DeviceInput(network, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), CLASSES)
+    )
 
 
 CASES = {
     # the pre-training recipe: AdamW with kernel-only decay, clipping, warm-up + linear decay; bfloat16
     "vit_pretraining_bf16": dict(
-        network_only=True,
+        kind="vit",
         dtype_policy="mixed_bfloat16",
         optimizer=lambda: optimization.pretraining_optimizer(100, warmup_steps=2),
         loss=lambda: optimization.loss(label_smoothing=0.1),
         metrics=lambda: [optimization.LabelAccuracy()],
-        mixup=False,
     ),
     # the fine-tuning recipe on uint8 batches with mixup, normalised and mixed in the step
     "device_input_finetuning_mixup": dict(
-        network_only=False,
-        dtype_policy="float32",
+        kind="device_input_mixup",
         optimizer=lambda: optimization.finetuning_optimizer(100, warmup_steps=2),
         loss=lambda: optimization.loss(),
         metrics=lambda: [optimization.LabelAccuracy()],
-        mixup=True,
     ),
     # Keras's own optimizer, loss and metric; stochastic depth
     "vit_keras_adamw_drop_path": dict(
-        network_only=True,
-        dtype_policy="float32",
-        drop_path_rate=0.3,
+        kind="vit",
+        drop_path=0.3,
         optimizer=lambda: keras.optimizers.AdamW(1e-3, weight_decay=0.05),
         loss=lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=lambda: ["accuracy"],
-        mixup=False,
+    ),
+    # masked patch prediction: the patches corrupted in the step (uniform and randint draws)
+    "masked_patch_pretraining": dict(
+        kind="masked_patch",
+        optimizer=lambda: optimization.pretraining_optimizer(100, warmup_steps=2),
+        loss=lambda: None,
+        metrics=lambda: None,
     ),
 }
 
@@ -105,18 +114,18 @@ def _batches(case: dict, rng):
     batches = []
     for _ in range(STEPS):
         labels = rng.integers(0, CLASSES, BATCH)
-        if case["network_only"]:
+        if case["kind"] == "vit":
             images = rng.normal(0, 1, (BATCH, 16, 16, 3)).astype("float32")
         else:
             images = rng.integers(0, 256, (BATCH, 16, 16, 3)).astype("uint8")
-            if case["mixup"]:
+            if case["kind"] == "device_input_mixup":
                 images = {"images": images, "mixup_weight": rng.uniform(0.5, 1, BATCH).astype("float32")}
         batches.append((images, labels))
     return batches
 
 
 def _compiled(case: dict, rng, keras_step: bool) -> keras.Model:
-    model = _model(case["network_only"], rng, case["dtype_policy"], case.get("drop_path_rate", 0.0))
+    model = _model(case, rng)
     model.compile(optimizer=case["optimizer"](), loss=case["loss"](), metrics=case["metrics"]())
     if keras_step:  # Keras's own steps, not TorchTrainStep's
         model.train_step = types.MethodType(keras.Model.train_step, model)
@@ -155,8 +164,9 @@ def test_training_and_evaluation_steps_are_keras_steps_bit_for_bit(name):
 @_TORCH_ONLY
 def test_pytorch_training_step_never_waits_for_the_device():
     """Steps 2 and on of `fit` (the recipes' optimizers and loss, mixed bfloat16, uint8 batches with
-    mixup on the device, Keras's own AdamW, stochastic depth) make no tensor from host data and read
-    no value back: on a GPU, the host never waits for the device. Keras's own step makes several."""
+    mixup on the device, Keras's own AdamW, stochastic depth, masked patch prediction) make no tensor
+    from host data and read no value back: on a GPU, the host never waits for the device. Keras's
+    own step makes several."""
     for name, case in CASES.items():
         counts = {}
         for keras_step in (False, True):
@@ -182,9 +192,9 @@ def test_pytorch_training_step_never_waits_for_the_device():
 
 @_TORCH_ONLY
 def test_device_constants_give_fresh_copies_of_tensors_made_once():
-    """Inside `device_constants()`, `torch.as_tensor` / `torch.tensor` of Python numbers give the same
-    values as without it, from one tensor per value (NaN and -0.0 too), as new tensors a caller may write
-    into; other data and arguments run as without it."""
+    """Inside `device_constants()`, `torch.as_tensor` / `torch.tensor` of Python numbers or a small NumPy
+    array give the same values as without it, from one tensor per value (NaN and -0.0 too), as new
+    tensors a caller may write into; other arguments run as without it."""
     torch_step._CONSTANTS.clear()
     values = [0.5, -0.0, 0.0, float("nan"), 3, True, (2, 3), [1.5, 2.5]]
     dtypes = [*[torch.float32] * 4, torch.int64, torch.bool, torch.int32, torch.bfloat16]
@@ -193,7 +203,7 @@ def test_device_constants_give_fresh_copies_of_tensors_made_once():
         second = [torch.tensor(v, dtype=d, device="cpu") for v, d in zip(values, dtypes, strict=True)]
         array = torch.as_tensor(np.arange(3.0), dtype=torch.float32, device="cpu")
         tracked = torch.tensor(1.0, dtype=torch.float32, device="cpu", requires_grad=True)
-    assert len(torch_step._CONSTANTS) == len(values)  # one each; the array and requires_grad not kept
+    assert len(torch_step._CONSTANTS) == len(values) + 1  # one each and the array; requires_grad not kept
     for value, dtype, made, again in zip(values, dtypes, first, second, strict=True):
         expected = torch.as_tensor(value, dtype=dtype, device="cpu")
         assert made.dtype == dtype and made.shape == expected.shape
@@ -207,14 +217,17 @@ def test_device_constants_give_fresh_copies_of_tensors_made_once():
 
 
 @_TORCH_ONLY
-def test_uniform_draws_keras_numbers_from_a_seed_kept_on_the_host():
-    """`torch_step.uniform` of a `host_seed_generator` (on the CPU) gives `keras.random.uniform`'s numbers
-    of a Keras generator of the same seed, draw after draw, and leaves the same state."""
+def test_draws_are_keras_numbers_from_a_seed_kept_on_the_host():
+    """`torch_step.uniform` and `randint` of a `host_seed_generator` (on the CPU) give `keras.random`'s
+    numbers of a Keras generator of the same seed, draw after draw, and leave the same state."""
     host, keras_own = torch_step.host_seed_generator(11), keras.random.SeedGenerator(11)
     assert host.state.value.device.type == "cpu"
     for shape in [(4, 1, 1), (3,), (2, 5)]:
         got = keras.ops.convert_to_numpy(torch_step.uniform(shape, host))
         expected = keras.ops.convert_to_numpy(keras.random.uniform(shape, seed=keras_own))
+        np.testing.assert_array_equal(got, expected)
+        got = keras.ops.convert_to_numpy(torch_step.randint(shape, 1, 50, host))
+        expected = keras.ops.convert_to_numpy(keras.random.randint(shape, 1, 50, seed=keras_own))
         np.testing.assert_array_equal(got, expected)
     states = [keras.ops.convert_to_numpy(generator.state) for generator in (host, keras_own)]
     np.testing.assert_array_equal(*states)
