@@ -42,14 +42,15 @@ _ACTIVE = threading.local()  # whether this thread is inside `device_constants()
 
 def _data_key(data):
     """A hashable key for Python numbers or a flat tuple/list of them (bool, int and float told apart,
-    -0.0 from 0.0 and every NaN alike) or a small NumPy array (its bytes), or None for anything else."""
+    -0.0 from 0.0 and every NaN alike) or a small numeric NumPy array (its bytes), or None for anything
+    else."""
     if isinstance(data, bool):
         return ("b", data)
     if isinstance(data, int):
         return ("i", data)
     if isinstance(data, float):
         return ("f", data.hex())
-    if isinstance(data, np.ndarray) and data.nbytes <= _MAX_ARRAY_BYTES:
+    if isinstance(data, np.ndarray) and data.dtype.kind in "biuf" and data.nbytes <= _MAX_ARRAY_BYTES:
         return ("a", data.dtype.str, data.shape, data.tobytes())
     if isinstance(data, (tuple, list)) and len(data) <= _MAX_SEQUENCE:
         keys = tuple(_data_key(item) for item in data if not isinstance(item, (tuple, list)))
@@ -67,8 +68,8 @@ def device_constant(data, dtype, device):
     key = (_data_key(data), dtype, str(device))
     tensor = _CONSTANTS.get(key)
     if tensor is None:
-        with torch.inference_mode(False), torch.no_grad():
-            tensor = torch.as_tensor(data, dtype=dtype, device=device)
+        with torch.inference_mode(False), torch.no_grad():  # a copy: never a view of a NumPy array
+            tensor = torch.tensor(data, dtype=dtype, device=device)
         if key[0] is not None and len(_CONSTANTS) < _LIMIT:
             _CONSTANTS[key] = tensor
     return tensor

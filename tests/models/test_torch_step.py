@@ -211,8 +211,13 @@ def test_device_constants_give_fresh_copies_of_tensors_made_once():
         assert torch.equal(made.signbit(), expected.signbit())
         assert made.data_ptr() != again.data_ptr()  # copies: writing into one leaves the others
     first[0].add_(1.0)
+    buffer = np.arange(4, dtype="float32")  # written after its conversion: the constant is a copy of it
     with torch_step.device_constants():
         assert torch.as_tensor(0.5, dtype=torch.float32, device="cpu").item() == 0.5
+        torch.as_tensor(buffer, dtype=torch.float32, device="cpu")
+        buffer[:] = 7.0
+        again = torch.as_tensor(np.arange(4, dtype="float32"), dtype=torch.float32, device="cpu")
+        assert again.tolist() == [0, 1, 2, 3]
     assert tracked.requires_grad and array.tolist() == [0.0, 1.0, 2.0]
 
 
