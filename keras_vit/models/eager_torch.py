@@ -25,13 +25,13 @@ still called through `__call__`, for Keras's autocast. LoRA kernels are read thr
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 
 import keras
 import numpy as np
 
 from keras_vit.models.attention import choose_attention, compute_device
+from keras_vit.models.torch_step import device_constant
 
 __all__ = [
     "VariableReader",
@@ -92,26 +92,6 @@ class VariableReader:
         return self(layer.kernel if layer.lora_enabled else layer._kernel)
 
 
-def _scalar(value: float, dtype, device):
-    """`value` as a 0-d tensor, made once per dtype and device: no host-to-device copy per call
-    (under `torch.compile`, a constant of the compiled graph)."""
-    import torch
-
-    if torch.compiler.is_compiling():
-        return torch.tensor(value, dtype=dtype, device=device)
-    return _cached_scalar(value, dtype, device)
-
-
-@functools.cache
-def _cached_scalar(value: float, dtype, device):
-    import torch
-
-    # Outside inference mode, whatever mode the first call runs in: an inference-mode tensor cannot be
-    # saved for backward, and this one is reused by every later call, training ones too.
-    with torch.inference_mode(False):
-        return torch.tensor(value, dtype=dtype, device=device)
-
-
 def _layer_norm(tokens, layer, read: VariableReader):
     """Keras's LayerNormalization on torch: `F.layer_norm` in at least float32, back to the input's dtype."""
     import torch
@@ -135,7 +115,7 @@ def _attention(tokens, attention, implementation: str, read: VariableReader):
 
     batch, length, width = tokens.shape
     heads, head_dim = attention.num_heads, attention.head_dim
-    scale = _scalar(float(1.0 / np.sqrt(head_dim)), tokens.dtype, tokens.device)
+    scale = device_constant(float(1.0 / np.sqrt(head_dim)), tokens.dtype, tokens.device)  # made once
     query, key, value = attention.query_dense, attention.key_dense, attention.value_dense
     kernel = torch.cat(
         [read.kernel(query).reshape(width, width) * scale]

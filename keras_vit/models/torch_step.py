@@ -62,9 +62,12 @@ def _data_key(data):
 def device_constant(data, dtype, device):
     """`torch.as_tensor(data, dtype=dtype, device=device)` made once per value, dtype and device, outside
     inference mode and autograd: one shared tensor, never to be written into. `data`: Python numbers,
-    a flat tuple/list of them or a small NumPy array (else made anew each time)."""
+    a flat tuple/list of them or a small NumPy array (else made anew each time). Under `torch.compile`
+    made where it is called: a constant of the compiled graph."""
     import torch
 
+    if torch.compiler.is_compiling():
+        return torch.tensor(data, dtype=dtype, device=device)
     key = (_data_key(data), dtype, str(device))
     tensor = _CONSTANTS.get(key)
     if tensor is None:
@@ -76,15 +79,12 @@ def device_constant(data, dtype, device):
 
 
 def keras_constant(array: np.ndarray):
-    """`keras.ops.convert_to_tensor(array)`, on PyTorch (outside `torch.compile`, whose graphs hold their
-    constants) made once per value and Keras's device (`device_constant`)."""
+    """`keras.ops.convert_to_tensor(array)`, on PyTorch made once per value on Keras's device
+    (`device_constant`)."""
     if keras.backend.backend() != "torch":
         return keras.ops.convert_to_tensor(array)
-    import torch
     from keras.src.backend.torch.core import get_device, to_torch_dtype
 
-    if torch.compiler.is_compiling():
-        return keras.ops.convert_to_tensor(array)
     return device_constant(array, to_torch_dtype(array.dtype), get_device())
 
 

@@ -516,12 +516,13 @@ def test_eager_torch_model_reads_variables_as_keras_does(rng, monkeypatch):
 
 @_TORCH_ONLY
 def test_eager_torch_model_trains_after_a_call_in_inference_mode(rng):
-    """The constants the PyTorch path caches (`eager_torch._scalar`) are made outside inference mode:
-    a model first called under `torch.inference_mode()` (as a serving loop or timm-style evaluation
-    does) trains afterwards, rather than failing with "Inference tensors cannot be saved for backward"."""
-    from keras_vit.models import eager_torch
+    """The constants the PyTorch path caches (`torch_step.device_constant`) are made outside inference
+    mode: a model first called under `torch.inference_mode()` (as a serving loop or timm-style
+    evaluation does) trains afterwards, rather than failing with "Inference tensors cannot be saved for
+    backward"."""
+    from keras_vit.models import torch_step
 
-    eager_torch._cached_scalar.cache_clear()  # the first call below makes them
+    torch_step._CONSTANTS.clear()  # the first call below makes them
     config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
     model = ViT(config, num_classes=5, classifier_activation=None)
     images = keras.ops.convert_to_tensor(rng.normal(0, 1, (2, 16, 16, 3)).astype("float32"))
