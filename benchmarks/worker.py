@@ -124,6 +124,14 @@ def fit_runner(fit: Callable, x, y) -> Runner:
     return run
 
 
+def set_torch_threads(torch, threads: int) -> None:
+    """`threads` intra- and inter-op threads; the inter-op count only where it differs (PyTorch refuses to
+    set it twice, as a second worker in one process would: `gpu_torch_profile.py`)."""
+    torch.set_num_threads(threads)
+    if torch.get_num_interop_threads() != threads:
+        torch.set_num_interop_threads(threads)
+
+
 def torch_versions(torch) -> dict:
     """torch's version, and on CUDA the CUDA and cuDNN versions it was built with and the GPU."""
     versions = {"torch": torch.__version__}
@@ -203,8 +211,7 @@ class KerasWorker:
         if self.backend == "torch":
             import torch
 
-            torch.set_num_threads(threads)
-            torch.set_num_interop_threads(threads)
+            set_torch_threads(torch, threads)
             if torch.cuda.is_available():
                 torch.set_float32_matmul_precision("high")  # TF32, as JAX's float32 default on a GPU
             self.torch = torch
@@ -557,8 +564,7 @@ class TimmWorker:
 
         if logical_cpus > 1:
             raise ValueError("logical CPUs are a TensorFlow setting; timm runs on one device.")
-        torch.set_num_threads(threads)
-        torch.set_num_interop_threads(threads)
+        set_torch_threads(torch, threads)
         self.torch, self.timm = torch, timm
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cuda":

@@ -15,7 +15,7 @@
 #      timm + torch.compile with fused AdamW, keras_vit on Keras's torch backend, on the same two
 #      cases (160 s);
 #   4. benchmarks/gpu/eager_torch_check.py: Keras's PyTorch backend's whole-model path against the
-#      functional graph on CUDA, bit for bit, where flash attention runs (40 s);
+#      functional graph on CUDA, both against float64, where flash attention runs (40 s);
 #   5. benchmarks/input_probe.py: JPEG decoding + augmentation on the machine's CPUs (what is left, <= 75 s).
 # second (TOTAL=360 s): XLA flags on the stock ViT-B/16 training step (one process per flag set, 55 s
 #   each), then ViT-S/16 bf16 training (batch 128): keras_vit JAX (variants: $S16_VARIANTS, default

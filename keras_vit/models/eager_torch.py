@@ -5,13 +5,14 @@ Keras's PyTorch backend runs eagerly: every layer call and every `keras.ops` cal
 a device tensor is a host-to-device copy that waits for the GPU. A `TransformerBlock` is ten
 sublayer calls and ~40 ops, so its host work exceeded the GPU's kernels (ViT-B/16 training on an
 H200 ran at 0.36x timm eager, issue 36). `block_call` runs the block's arithmetic with `torch`
-directly, operation for operation as the `keras.ops` path (`TransformerBlock.call`); `model_call`
+directly, operation for operation as the `keras.ops` path (`TransformerBlock.call`) except that each
+bias is added inside its matrix product (`_affine`: one `addmm`, as `F.linear`); `model_call`
 runs a whole `ViT` (`ViT.call`) so: its layers in the functional graph's order, the patch
 embedding, class token, position embedding, final LayerNorm and Dense layers as torch calls and the
 rest by their own `call`, without a `Layer.__call__` per layer (20 per forward pass before). Values
-and gradients are bit for bit the `keras.ops` path's and the graph's
-(`tests/models/test_layers.py::test_eager_torch_*`); `benchmarks/torch_overhead.py` measures the
-host work saved.
+and gradients are the `keras.ops` path's and the graph's within float rounding, as accurate within
+rounding noise (`tests/models/test_layers.py::test_eager_torch_*`); `benchmarks/torch_overhead.py`
+measures the host work saved.
 
 A block runs here where it is plain: not quantized (the sublayers' own calls compute quantized
 kernels), no dropout or stochastic depth to draw while training, no attention scores asked for,
@@ -93,20 +94,35 @@ class VariableReader:
 
 
 def _layer_norm(tokens, layer, read: VariableReader):
-    """Keras's LayerNormalization on torch: `F.layer_norm` in at least float32, back to the input's dtype."""
+    """Keras's LayerNormalization on torch: `F.layer_norm` in at least float32, back to the input's dtype.
+
+    Without gradients a bfloat16 or float16 input goes in as it is: PyTorch's mixed-dtype kernel
+    computes in float32 and rounds once, the same values within rounding without a float32 copy in and
+    out (a third of the memory traffic). With gradients through a float32 copy: that kernel's CPU
+    backward is inexact for gamma and beta (torch 2.14: 8% off for 4,000 bfloat16 rows)."""
     import torch
     import torch.nn.functional as F
 
-    statistics = tokens.to(torch.promote_types(tokens.dtype, torch.float32))
     width = layer.gamma.shape[-1]  # a Python int, also where a tracer (ONNX export) follows `tokens.shape`
-    normed = F.layer_norm(statistics, (width,), read(layer.gamma), read(layer.beta), layer.epsilon)
-    return normed.to(tokens.dtype)
+    gamma, beta = read(layer.gamma), read(layer.beta)
+    if tokens.dtype in (torch.bfloat16, torch.float16) and not torch.is_grad_enabled():
+        return F.layer_norm(tokens, (width,), gamma.float(), beta.float(), layer.epsilon)
+    statistics = tokens.to(torch.promote_types(tokens.dtype, torch.float32))
+    return F.layer_norm(statistics, (width,), gamma, beta, layer.epsilon).to(tokens.dtype)
+
+
+def _affine(hidden, kernel, bias):
+    """`hidden @ kernel + bias` over the last axis as one `addmm`: the bias added in the matrix
+    product's epilogue (cuBLAS, oneDNN), as `F.linear` (timm) does, instead of a second pass over the
+    output. It rounds once, not twice: within float rounding of `keras.ops.matmul` + `add`."""
+    import torch
+
+    product = torch.addmm(bias, hidden.reshape(-1, kernel.shape[0]), kernel)
+    return product.reshape(*hidden.shape[:-1], kernel.shape[1])
 
 
 def _dense(hidden, layer, read: VariableReader):
-    import torch
-
-    return torch.matmul(hidden, read.kernel(layer)) + read(layer.bias)
+    return _affine(hidden, read.kernel(layer), read(layer.bias))
 
 
 def _attention(tokens, attention, implementation: str, read: VariableReader):
@@ -126,7 +142,7 @@ def _attention(tokens, attention, implementation: str, read: VariableReader):
         [read(query.bias).reshape(width) * scale]
         + [read(dense.bias).reshape(width) for dense in (key, value)]
     )
-    qkv = (torch.matmul(tokens.reshape(-1, width), kernel) + bias).reshape(batch, length, 3, heads, head_dim)
+    qkv = _affine(tokens, kernel, bias).reshape(batch, length, 3, heads, head_dim)
     if implementation == "plain":
         query, key, value = torch.unbind(qkv.permute(2, 0, 3, 1, 4), 0)
         logits = torch.matmul(query, key.transpose(2, 3))
@@ -136,8 +152,8 @@ def _attention(tokens, attention, implementation: str, read: VariableReader):
     else:
         context = _fused_attention(*torch.unbind(qkv.permute(2, 0, 3, 1, 4), 0)).transpose(1, 2)
     output = attention.output_dense
-    projected = torch.matmul(context.reshape(-1, width), read.kernel(output).reshape(width, width))
-    return (projected + read(output.bias)).reshape(batch, length, width)
+    kernel = read.kernel(output).reshape(width, width)
+    return _affine(context.reshape(batch, length, width), kernel, read(output.bias).reshape(width))
 
 
 def _fused_attention(query, key, value):
@@ -227,15 +243,12 @@ def model_applies(model, inputs, training) -> tuple[str, ...] | None:
 
 def _patch_embed(images, layer, read: VariableReader):
     """`PatchEncoder.call`: the patches cut by a reshape and a transpose, one matrix product."""
-    import torch
-
     kernel = read.kernel(layer.projection)  # (P, P, C, D)
     size, channels, width = layer.patch_size, kernel.shape[2], layer.hidden_size
     rows, columns = images.shape[1] // size, images.shape[2] // size
     patches = images.reshape(-1, rows, size, columns, size, channels).permute(0, 1, 3, 2, 4, 5)
-    patches = patches.reshape(-1, size * size * channels)
-    tokens = torch.matmul(patches, kernel.reshape(-1, width)) + read(layer.projection.bias)
-    return tokens.reshape(-1, rows * columns, width)
+    patches = patches.reshape(-1, rows * columns, size * size * channels)
+    return _affine(patches, kernel.reshape(-1, width), read(layer.projection.bias))
 
 
 def _class_token(tokens, layer, read: VariableReader):

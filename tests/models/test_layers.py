@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import pytest
 import torch
+from helpers.rounding import accuracy_failures
 from timm.layers import PatchEmbed, resample_abs_pos_embed
 from timm.models.vision_transformer import Block
 
@@ -337,9 +338,9 @@ _TORCH_ONLY = pytest.mark.skipif(
 )
 
 
-def _block_results(block, tokens, monkeypatch, fast: bool) -> list:
-    """Outputs and the gradients of the input and every weight, training and not, through the eager
-    PyTorch path (`fast`) or the `keras.ops` path, and how often the eager path ran."""
+def _block_results(block, tokens, monkeypatch, fast: bool) -> tuple[dict, int]:
+    """Outputs and the gradients of the input and every weight, training and not, by name, through the
+    eager PyTorch path (`fast`) or the `keras.ops` path, and how often the eager path ran."""
     from keras_vit.models import eager_torch
 
     ran, original = [], eager_torch.block_call
@@ -347,21 +348,35 @@ def _block_results(block, tokens, monkeypatch, fast: bool) -> list:
         monkeypatch.setattr(eager_torch, "block_call", lambda *a: ran.append(1) or original(*a))
     else:
         monkeypatch.setattr(eager_torch, "applies", lambda *a: False)
-    results = []
+    results = {}
     for training in (True, False):
         inputs = keras.ops.convert_to_tensor(tokens).clone().requires_grad_(True)  # on Keras's device
         output = block(inputs, training=training)
         loss = (output.float() * torch.sin(output.float())).sum()
         grads = torch.autograd.grad(loss, [inputs, *(weight.value for weight in block.trainable_weights)])
-        results += [output.detach().float().cpu().numpy(), *(grad.float().cpu().numpy() for grad in grads)]
+        names = ["output", "inputs", *(weight.path.split("/", 1)[1] for weight in block.trainable_weights)]
+        arrays = [output.detach(), *grads]
+        for name, array in zip(names, arrays, strict=True):
+            results[f"{name} training={training}"] = array.float().cpu().numpy()
     monkeypatch.undo()
     return results, len(ran)
+
+
+def _lora_block(policy: str, attention: str, lora: bool) -> TransformerBlock:
+    """A built block under dtype `policy`; with `lora`, LoRA on fc1 and the query projection."""
+    keras.config.set_dtype_policy(policy)
+    block = TransformerBlock(3, 48, attention_implementation=attention)
+    block.build((2, 9, 24))
+    for layer in (block.fc1, block.attention.query_dense) if lora else ():
+        layer.enable_lora(2)
+    return block
 
 
 @_TORCH_ONLY
 def test_eager_torch_block_equals_the_keras_ops_path(rng, monkeypatch):
     """On PyTorch a plain block runs `eager_torch.block_call` (less host work per call): its outputs and
-    gradients are bit for bit the `keras.ops` path's, float32 and mixed bfloat16, both attentions, LoRA."""
+    gradients are the `keras.ops` path's within rounding (`helpers.rounding`), float32 and mixed
+    bfloat16, both attentions, LoRA."""
     for policy, attention, lora in [
         ("float32", "auto", False),
         ("float32", "plain", False),
@@ -369,22 +384,18 @@ def test_eager_torch_block_equals_the_keras_ops_path(rng, monkeypatch):
         ("mixed_bfloat16", "plain", False),
         ("float32", "auto", True),
     ]:
-        keras.config.set_dtype_policy(policy)
-        block = TransformerBlock(3, 48, attention_implementation=attention)
-        block.build((2, 9, 24))
+        exact_block = _lora_block("float64", attention, lora)
+        block = _lora_block(policy, attention, lora)
         _randomize(block, rng, scale=0.5)
-        if lora:
-            for layer in (block.fc1, block.attention.query_dense):
-                layer.enable_lora(2)
-                layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
+        exact_block.set_weights(block.get_weights())
         tokens = torch.tensor(rng.normal(0, 2, size=(2, 9, 24)).astype("float32")).to(
             {"float32": torch.float32, "bfloat16": torch.bfloat16}[block.compute_dtype]
         )
         fast, calls = _block_results(block, tokens, monkeypatch, fast=True)
         plain, _ = _block_results(block, tokens, monkeypatch, fast=False)
+        exact, _ = _block_results(exact_block, tokens.double(), monkeypatch, fast=False)
         assert calls == 2, (policy, attention, lora)
-        for got, expected in zip(fast, plain, strict=True):
-            np.testing.assert_array_equal(got, expected, err_msg=f"{policy} {attention} lora={lora}")
+        assert not accuracy_failures(fast, plain, exact), (policy, attention, lora)
 
 
 @_TORCH_ONLY
@@ -408,9 +419,9 @@ def test_eager_torch_block_leaves_what_it_does_not_compute_to_the_sublayers():
     assert not eager_torch.applies(quantized, False, False)
 
 
-def _model_results(model, images, monkeypatch, fast: bool, training: bool) -> tuple[list, int]:
-    """A `ViT`'s output and the gradients of every trainable weight (and of float images) through
-    `eager_torch.model_call` (`fast`) or the functional graph, and how often `model_call` ran."""
+def _model_results(model, images, monkeypatch, fast: bool, training: bool) -> tuple[dict, int]:
+    """A `ViT`'s output and the gradients of every trainable weight (and of float images) by name,
+    through `eager_torch.model_call` (`fast`) or the functional graph, and how often `model_call` ran."""
     from keras_vit.models import eager_torch
 
     ran, original = [], eager_torch.model_call
@@ -421,10 +432,15 @@ def _model_results(model, images, monkeypatch, fast: bool, training: bool) -> tu
     inputs = keras.ops.convert_to_tensor(images).clone().requires_grad_(images.is_floating_point())
     output = model(inputs, training=training)
     loss = (output.float() * torch.sin(output.float())).sum()
+    names = [weight.path for weight in model.trainable_weights]
     weights = [weight.value for weight in model.trainable_weights]
-    grads = torch.autograd.grad(loss, [inputs, *weights] if inputs.requires_grad else weights)
+    if inputs.requires_grad:
+        names, weights = ["images", *names], [inputs, *weights]
+    grads = torch.autograd.grad(loss, weights)
     monkeypatch.undo()
-    return [output.detach().float().cpu().numpy(), *(grad.float().cpu().numpy() for grad in grads)], len(ran)
+    arrays = [output.detach(), *grads]
+    results = {name: a.float().cpu().numpy() for name, a in zip(["output", *names], arrays, strict=True)}
+    return results, len(ran)
 
 
 _MODEL_CASES = {  # name: (dtype policy, ViTConfig fields, ViT arguments, LoRA rank)
@@ -440,20 +456,28 @@ _MODEL_CASES = {  # name: (dtype policy, ViTConfig fields, ViT arguments, LoRA r
 }
 
 
+def _lora_model(policy: str, config: ViTConfig, arguments: dict, lora_rank: int) -> ViT:
+    """A `ViT` under dtype `policy`; with a `lora_rank`, LoRA in a block's MLP, another's attention
+    and the head."""
+    keras.config.set_dtype_policy(policy)
+    model = ViT(config, num_classes=5, **arguments)
+    lora_layers = (model.blocks[0].fc2, model.blocks[1].attention.value_dense, model.head)
+    for layer in lora_layers if lora_rank else ():
+        layer.enable_lora(lora_rank)
+    return model
+
+
 @_TORCH_ONLY
 def test_eager_torch_model_equals_the_functional_graph(rng, monkeypatch):
     """On PyTorch a `ViT` whose blocks are plain runs `eager_torch.model_call` (no Keras layer call per
-    layer): its outputs and the gradients of every weight are bit for bit the functional graph's,
+    layer): its outputs and the gradients of every weight are the functional graph's within rounding,
     training and not, across dtype policies, poolings, heads, uint8 input and LoRA (`_MODEL_CASES`)."""
     config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
     for case, (policy, fields, arguments, lora_rank) in _MODEL_CASES.items():
-        keras.config.set_dtype_policy(policy)
-        model = ViT(config.replace(**fields), num_classes=5, **arguments)
+        exact_model = _lora_model("float64", config.replace(**fields), arguments, lora_rank)
+        model = _lora_model(policy, config.replace(**fields), arguments, lora_rank)
         _randomize(model, rng, scale=0.5)
-        if lora_rank:
-            for layer in (model.blocks[0].fc2, model.blocks[1].attention.value_dense, model.head):
-                layer.enable_lora(lora_rank)
-                layer.lora_kernel_b.assign(rng.normal(0, 0.5, layer.lora_kernel_b.shape).astype("float32"))
+        exact_model.set_weights(model.get_weights())
         shape = (2, 16, 16, 3)
         if model.image_dtype == "uint8":
             images = torch.tensor(rng.integers(0, 256, shape, dtype="uint8"))
@@ -462,10 +486,41 @@ def test_eager_torch_model_equals_the_functional_graph(rng, monkeypatch):
         for training in (False, True):
             fast, calls = _model_results(model, images, monkeypatch, fast=True, training=training)
             graph, _ = _model_results(model, images, monkeypatch, fast=False, training=training)
+            exact_images = images if model.image_dtype == "uint8" else images.double()
+            exact, _ = _model_results(exact_model, exact_images, monkeypatch, fast=False, training=training)
             assert calls == 1, (case, training)
-            assert len(fast) == len(graph)
-            for index, (got, expected) in enumerate(zip(fast, graph, strict=True)):
-                np.testing.assert_array_equal(got, expected, err_msg=f"{case} training={training} #{index}")
+            assert not accuracy_failures(fast, graph, exact), (case, training)
+
+
+@_TORCH_ONLY
+def test_eager_torch_inference_layer_norms_bfloat16_in_place(rng, monkeypatch):
+    """Without gradients a mixed bfloat16 `ViT`'s LayerNorms take the bfloat16 tokens as they are
+    (PyTorch's mixed-dtype kernel): outputs as accurate as the functional graph's (`helpers.rounding`).
+    With gradients they take a float32 copy (that kernel's CPU backward is inexact for gamma and beta)."""
+    import torch.nn.functional as F
+
+    from keras_vit.models import eager_torch
+
+    config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
+    exact_model = _lora_model("float64", config, {}, 0)
+    model = _lora_model("mixed_bfloat16", config, {}, 0)
+    _randomize(model, rng, scale=0.5)
+    exact_model.set_weights(model.get_weights())
+    images = torch.tensor(rng.normal(0, 1, (2, 16, 16, 3)).astype("float32"))
+    seen, layer_norm = [], F.layer_norm
+    monkeypatch.setattr(
+        F, "layer_norm", lambda tokens, *a, **k: seen.append(tokens.dtype) or layer_norm(tokens, *a, **k)
+    )
+    with torch.inference_mode():
+        fast = model(images).float().numpy()
+    assert seen == [torch.bfloat16] * 5  # two per block and the encoder's
+    model(images)
+    assert seen[5:] == [torch.float32] * 5
+    monkeypatch.setattr(eager_torch, "model_applies", lambda *a: None)
+    with torch.inference_mode():
+        graph = model(images).float().numpy()
+        exact = exact_model(images.double()).numpy()
+    assert not accuracy_failures({"output": fast}, {"output": graph}, {"output": exact})
 
 
 @_TORCH_ONLY
@@ -489,7 +544,7 @@ def test_eager_torch_model_reads_variables_as_keras_does(rng, monkeypatch):
     graph = keras.ops.convert_to_numpy(model.stateless_call(values, others, images)[0])
     monkeypatch.undo()
     assert ran == [1]
-    np.testing.assert_array_equal(fast, graph)
+    np.testing.assert_allclose(fast, graph, rtol=1e-5, atol=1e-5 * np.abs(graph).max())  # bias in addmm
     assert np.abs(fast - own).max() > 1e-3  # the values given, not the model's own
 
     class Outer(keras.Model):  # a subclassed model: Keras traces its call on PyTorch's meta device
