@@ -16,11 +16,15 @@ Each variant is the stock model (`keras_vit.create_model`, random weights, the G
   sequence-length masks while training, as "fused_padded"), and the output projection contracts
   `(heads, head_dim)` straight from it. Off a GPU (or in float32) the same layout runs softmax(q kᵀ) v
   as einsums with float32 softmax statistics, which is what `--check` compares on a CPU.
-* `erf_gelu`: the MLP's exact GELU as x·(1 + erf(x/√2))/2 computed in float32 and cast back, instead of
-  JAX's `jax.nn.gelu(approximate=False)`, x·erfc(−x/√2)/2 (erfc costs an exp and two branches per
-  element): `keras.ops.gelu` is replaced while the variant is built, traced and timed. The profile of
-  2026-11-28 (H200) has one elementwise kernel at 5.9 ms of a 23.7 ms B/16 inference call and
-  1.5 ms of a 20.7 ms training step, most likely the exact GELU (not yet measured as a variant).
+* `split_qkv`: every `MultiHeadSelfAttention` swapped for `SplitProjectionAttention` below: q, k and v
+  each by a matrix product of its own, each output `(batch, tokens, heads, head_dim)` as it is laid out,
+  where the stock layer makes one product of the concatenated kernels and cuts q, k and v out of it:
+  cuts that are strided, so XLA copies them for cuDNN (`loop_slice_fusion`, 1.35 ms of a 20.8 ms B/16
+  inference call at batch 256 on the H200, 2026-11-28, session 17). Three narrower products instead
+  of one wide one; the output projection as stock.
+
+(`erf_gelu`, the exact GELU through erf in float32, was a variant here until it became keras_vit's
+GELU on JAX, `layers._erf_gelu`: +11.7% B/16 inference, +2.9% training on the H200.)
 
 An XLA flag is a process-wide setting: run this script again with `XLA_FLAGS` set and `--tag`
 (the flags are recorded in every line).
@@ -47,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import math
 import os
@@ -65,9 +68,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 from cases import GPU_CASES, lookup_case  # noqa: E402
 from worker import KerasWorker, fit_runner, random_batch, timed  # noqa: E402
 
-TRAIN_VARIANTS = ("stock", "erf_gelu", "heads_major", "plain")
-INFER_VARIANTS = ("stock", "erf_gelu", "heads_major", "plain", "fused_padded")
-VARIANTS = ("stock", "erf_gelu", "heads_major", "plain", "fused", "fused_padded")
+TRAIN_VARIANTS = ("stock", "split_qkv", "heads_major", "plain")
+INFER_VARIANTS = ("stock", "split_qkv", "heads_major", "plain", "fused_padded")
+VARIANTS = ("stock", "split_qkv", "heads_major", "plain", "fused", "fused_padded")
 CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256")
 PROFILED_STEPS = 5
 # XLA's fusions by what they do (their names say it: loop_/input_ + the ops fused), after the
@@ -159,12 +162,63 @@ def heads_major_class():
     return HeadsMajorAttention
 
 
+# --- q, k and v by products of their own ------------------------------------------------------------
+def split_projection_class():
+    """`SplitProjectionAttention`, a subclass of keras_vit's public `MultiHeadSelfAttention` (made on
+    first use, as `heads_major_class`)."""
+    from keras import ops
+
+    import keras_vit
+    from keras_vit.models.attention import choose_attention, fused_attention
+
+    class SplitProjectionAttention(keras_vit.MultiHeadSelfAttention):
+        """The same weights and values; q, k and v each `(batch, tokens, heads, head_dim)` from a matrix
+        product of its own instead of cut out of one product of the concatenated kernels."""
+
+        def call(self, tokens, training=None, return_attention_scores: bool = False):
+            if return_attention_scores or self._runs_sublayers() or (training and self.dropout):
+                return super().call(
+                    tokens, training=training, return_attention_scores=return_attention_scores
+                )
+            batch, length = ops.shape(tokens)[0], ops.shape(tokens)[1]
+            width, heads = self.hidden_size, self.num_heads
+            scale = ops.cast(1.0 / np.sqrt(self.head_dim), self.compute_dtype)
+            rows = ops.reshape(tokens, (-1, width))
+            query, key, value = (
+                ops.reshape(
+                    ops.matmul(rows, ops.reshape(dense.kernel, (width, width)) * factor)
+                    + ops.reshape(dense.bias, (width,)) * factor,
+                    (batch, length, heads, self.head_dim),
+                )
+                for dense, factor in ((self.query_dense, scale), (self.key_dense, 1), (self.value_dense, 1))
+            )
+            implementation = choose_attention(
+                self.attention_implementation, self.compute_dtype, bool(training), self.head_dim
+            )
+            if implementation == "plain":
+                heads_first = [ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value)]
+                context = ops.transpose(self._attend(*heads_first, training)[0], (0, 2, 1, 3))
+            else:
+                context = fused_attention(
+                    query, key, value, padded=implementation == "fused_padded", training=bool(training)
+                )
+            output = ops.matmul(
+                ops.reshape(context, (-1, width)), ops.reshape(self.output_dense.kernel, (width, width))
+            )
+            return ops.reshape(output + self.output_dense.bias, (batch, length, width))
+
+    return SplitProjectionAttention
+
+
+VARIANT_CLASSES = {"heads_major": heads_major_class, "split_qkv": split_projection_class}
+
+
 def apply_variant(model, variant: str):
     """Swap the model's attention layers' class for the variant's (in place); the model back."""
-    if variant == "heads_major":
+    if variant in VARIANT_CLASSES:
         import keras_vit
 
-        cls = heads_major_class()
+        cls = VARIANT_CLASSES[variant]()
         swapped = 0
         for layer in model._flatten_layers(include_self=False, recursive=True):
             if type(layer) is keras_vit.MultiHeadSelfAttention:
@@ -173,32 +227,6 @@ def apply_variant(model, variant: str):
         if not swapped:
             raise RuntimeError("No MultiHeadSelfAttention layer to swap.")
     return model
-
-
-@contextlib.contextmanager
-def variant_context(variant: str):
-    """What a variant changes outside the model, for as long as it is built, traced and timed."""
-    if variant != "erf_gelu":
-        yield
-        return
-    import jax
-    import jax.numpy as jnp
-    import keras
-
-    stock_gelu = keras.ops.gelu
-
-    def erf_gelu(x, approximate=True):
-        if approximate:
-            return stock_gelu(x, approximate=True)
-        x = jnp.asarray(x)
-        wide = x.astype(jnp.float32)
-        return (0.5 * wide * (1.0 + jax.lax.erf(wide * np.float32(1 / np.sqrt(2))))).astype(x.dtype)
-
-    keras.ops.gelu = erf_gelu
-    try:
-        yield
-    finally:
-        keras.ops.gelu = stock_gelu
 
 
 def attention_of(variant: str) -> str:
@@ -276,11 +304,10 @@ class Experiments:
             return
         try:
             started = time.perf_counter()
-            with variant_context(variant):
-                if case.kind == "train":
-                    result = self._train(case, case_name, variant)
-                else:
-                    result = self._infer(case, case_name, variant)
+            if case.kind == "train":
+                result = self._train(case, case_name, variant)
+            else:
+                result = self._infer(case, case_name, variant)
             result["wall_s"] = time.perf_counter() - started
         except Exception as error:  # recorded; the next variant goes on
             message = (str(error).strip().splitlines() or [""])[0][:400]
@@ -415,21 +442,20 @@ def check(args) -> int:
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         results = {}
         for variant in VARIANTS:
-            with variant_context(variant):
-                model = apply_variant(worker.build(case, attention_of(variant)), variant)
-                if variant == "stock":  # random weights everywhere (the new head is zeros), then shared
-                    weights = randomised(model.get_weights())
-                model.set_weights(weights)
-                trainable = [v.value for v in model.trainable_variables]
-                non_trainable = [v.value for v in model.non_trainable_variables]
+            model = apply_variant(worker.build(case, attention_of(variant)), variant)
+            if variant == "stock":  # random weights everywhere (the new head is zeros), then shared
+                weights = randomised(model.get_weights())
+            model.set_weights(weights)
+            trainable = [v.value for v in model.trainable_variables]
+            non_trainable = [v.value for v in model.non_trainable_variables]
 
-                def loss(trainable, x, y, model=model, non_trainable=non_trainable, loss_fn=loss_fn):
-                    logits, _ = model.stateless_call(trainable, non_trainable, x, training=True)
-                    return loss_fn(y, logits)
+            def loss(trainable, x, y, model=model, non_trainable=non_trainable, loss_fn=loss_fn):
+                logits, _ = model.stateless_call(trainable, non_trainable, x, training=True)
+                return loss_fn(y, logits)
 
-                logits = model.stateless_call(trainable, non_trainable, images, training=False)[0]
-                grads = jax.grad(loss)(trainable, images, labels)
-                results[variant] = (np.asarray(logits), [np.asarray(g) for g in grads])
+            logits = model.stateless_call(trainable, non_trainable, images, training=False)[0]
+            grads = jax.grad(loss)(trainable, images, labels)
+            results[variant] = (np.asarray(logits), [np.asarray(g) for g in grads])
         stock_logits, stock_grads = results["stock"]
         for variant in VARIANTS[1:]:
             logits, grads = results[variant]

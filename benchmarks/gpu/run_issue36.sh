@@ -2,15 +2,15 @@
 # Issue 36 in one device call of under 7 minutes, in priority order, each stage under a deadline;
 # every stage writes JSON lines to the results folder as it goes, so a call cut short keeps what ran.
 #
-#   bash benchmarks/gpu/run_issue36.sh [first|second|third]      # on the GPU machine (wheels in .whl/)
-#   bash benchmarks/gpu/run_issue36.sh --rehearse [first|second|third]   # on a CPU: test-size, no TensorFlow
+#   bash benchmarks/gpu/run_issue36.sh [first|second|third|fourth]      # on the GPU machine (wheels in .whl/)
+#   bash benchmarks/gpu/run_issue36.sh --rehearse [first|...|fourth]     # on a CPU: test-size, no TensorFlow
 #
 # first (TOTAL=405 s):
 #   1. nvidia-smi, versions;
 #   2. benchmarks/gpu_experiments.py: the chip's bf16 matmul rate in JAX, then ViT-B/16 bf16 training
-#      (batch 64: stock, erf_gelu, heads_major, plain) and inference (batch 256: the same and
+#      (batch 64: stock, split_qkv, heads_major, plain) and inference (batch 256: the same and
 #      fused_padded), each timed and its kernels profiled (170 s; the variants in that order, stock
-#      first, so a deadline cuts the last; 2026-11-28's run had no erf_gelu yet);
+#      first, so a deadline cuts the last);
 #   3. benchmarks/gpu.py: torch's matmul rates, timm eager, timm + torch.compile (foreach AdamW),
 #      timm + torch.compile with fused AdamW, keras_vit on Keras's torch backend, on the same two
 #      cases (160 s);
@@ -20,12 +20,16 @@
 # second (TOTAL=360 s): XLA flags on the stock ViT-B/16 training step (one process per flag set, 55 s
 #   each), then ViT-S/16 bf16 training (batch 128): keras_vit JAX (variants: $S16_VARIANTS, default
 #   stock), timm eager, timm + torch.compile with fused and with foreach AdamW.
-# third (TOTAL=335 s): the exact GELU in float32 erf (`erf_gelu`) against stock on ViT-B/16 bf16 training
-#   (batch 64) and inference (256), profiled (90 s); keras_vit on PyTorch with `jit_compile=True` (the
+# third (TOTAL=335 s): q, k and v by products of their own (`split_qkv`, no strided cuts to copy for
+#   cuDNN) against stock on ViT-B/16 bf16 training (batch 64) and inference (256), profiled (90 s;
+#   2026-11-28 this stage ran `erf_gelu`, since keras_vit's GELU); keras_vit on PyTorch with `jit_compile=True` (the
 #   forward pass through torch.compile) on the same two cases, in a gpu.py run of its own so that its
 #   compiles get the whole share (95 s); then timm eager, timm + torch.compile with fused AdamW (training)
 #   and keras_vit's eager PyTorch path on them (100 s); timm + torch.compile inference (50 s). Each
 #   gpu.py run writes a folder of its own under the results.
+# fourth (TOTAL=330 s): benchmarks/gpu_torch_profile.py: keras_vit's PyTorch steps, eager and with
+#   `jit_compile=True`, beside timm eager's, on the same two cases: kernel tables, host time and the
+#   host-device synchronisations (270 s with the compiles); then eager_torch_check.py (40 s).
 #
 # Results: $OUT (the device's returned folder) or benchmarks/results/issue36-<date>/.
 set -uo pipefail
@@ -91,13 +95,19 @@ elif [[ "$STAGE" == "third" ]]; then
     TOTAL=${TOTAL:-335}
     B16=(train_b16_bf16_bs64 infer_b16_bf16_bs256)
     stage experiments 90 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --matmul --profile \
-        --deadline 85 --reserve 20 --cases "${B16[@]}" --variants erf_gelu "${TINY[@]}"
+        --deadline 85 --reserve 20 --cases "${B16[@]}" --variants split_qkv "${TINY[@]}"
     stage torch_compiled 95 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/torch_compiled" --budget 90 \
         --cases "${B16[@]}" --competitors keras_vit_torch_compiled "${TINY[@]}"
     stage timm_and_torch 100 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_and_torch" --budget 95 \
         --cases matmul_bf16_8192 "${B16[@]}" --competitors timm timm_compiled_fused keras_vit_torch "${TINY[@]}"
     stage timm_compiled 50 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_compiled" --budget 45 \
         --cases infer_b16_bf16_bs256 --competitors timm_compiled "${TINY[@]}"
+elif [[ "$STAGE" == "fourth" ]]; then
+    TOTAL=${TOTAL:-330}
+    KERAS_BACKEND=torch stage torch_profile 270 "$PYTHON" benchmarks/gpu_torch_profile.py \
+        --output "$RESULTS" "${TINY[@]}"
+    KERAS_BACKEND=torch stage eager_torch_check 40 "$PYTHON" benchmarks/gpu/eager_torch_check.py \
+        --output "$RESULTS" "${TINY[@]}"
 else
     TOTAL=${TOTAL:-360}
     for FLAGS in "--xla_gpu_enable_latency_hiding_scheduler=true" "--xla_gpu_enable_triton_gemm=false" \
