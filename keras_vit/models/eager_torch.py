@@ -153,7 +153,7 @@ def _attention(tokens, attention, implementation: str, read: VariableReader):
         context = _fused_attention(*torch.unbind(qkv.permute(2, 0, 3, 1, 4), 0)).transpose(1, 2)
     output = attention.output_dense
     kernel = read.kernel(output).reshape(width, width)
-    return _affine(context.reshape(batch, length, width), kernel, read(output.bias).reshape(width))
+    return _affine(context.reshape(batch, length, width), kernel, read(output.bias))
 
 
 def _fused_attention(query, key, value):
@@ -178,10 +178,9 @@ def block_call(block, tokens, implementation: str, read: VariableReader | None =
     read = read or VariableReader()
     normed = _layer_norm(tokens, block.norm1, read)
     tokens = tokens + _attention(normed, block.attention, implementation, read)
-    hidden = _dense(_layer_norm(tokens, block.norm2, read).reshape(-1, tokens.shape[-1]), block.fc1, read)
+    hidden = _dense(_layer_norm(tokens, block.norm2, read), block.fc1, read)
     gelu = F.gelu(hidden, approximate="tanh" if block.approximate_gelu else "none")
-    hidden = _dense(gelu, block.fc2, read)
-    return tokens + hidden.reshape(tokens.shape)
+    return tokens + _dense(gelu, block.fc2, read)
 
 
 @dataclasses.dataclass(frozen=True)
