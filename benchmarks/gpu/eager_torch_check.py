@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import keras  # noqa: E402
 import torch  # before TensorFlow could be imported (none is, on the GPU machine)
-from helpers.rounding import accuracy_failures, relative_errors  # noqa: E402
+from helpers.rounding import accuracy_failures, mean_errors, relative_errors  # noqa: E402
 
 from keras_vit.models import eager_torch  # noqa: E402
 from keras_vit.models.vit import ViT  # noqa: E402
@@ -95,10 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 "applies": eager_torch.model_applies(model, images, training),
                 "output_max_difference": differences.pop("output"),
                 "gradient_max_difference": max(differences.values()),
-                "mean_relative_error": {
-                    path: sum(error[i] for error in errors.values()) / len(errors)
-                    for i, path in enumerate(("eager", "graph"))
-                },
+                "mean_relative_error": dict(zip(("eager", "graph"), mean_errors(errors), strict=True)),
                 "failures": accuracy_failures(fast, graph, exact),
             })  # fmt: skip
             print(json.dumps(lines[-1]), flush=True)

@@ -29,10 +29,15 @@ def relative_errors(new: dict, old: dict, exact: dict) -> dict[str, tuple[float,
     }
 
 
+def mean_errors(errors: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """`relative_errors`' two paths, each averaged over the arrays."""
+    return tuple(float(np.mean([error[i] for error in errors.values()])) for i in (0, 1))
+
+
 def accuracy_failures(new: dict, old: dict, exact: dict) -> list[str]:
     """Where `new` is less accurate than `old` beyond rounding noise (the module's criterion), or []."""
     errors = relative_errors(new, old, exact)
-    mean_new, mean_old = (float(np.mean([error[i] for error in errors.values()])) for i in (0, 1))
+    mean_new, mean_old = mean_errors(errors)
     failures = []
     if mean_new > MEAN_RATIO * mean_old:
         failures.append(f"mean relative error {mean_new:.3g} against {mean_old:.3g}")
