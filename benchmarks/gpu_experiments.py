@@ -21,7 +21,20 @@ Each variant is the stock model (`keras_vit.create_model`, random weights, the G
   where the stock layer makes one product of the concatenated kernels and cuts q, k and v out of it:
   cuts that are strided, so XLA copies them for cuDNN (`loop_slice_fusion`, 1.35 ms of a 20.8 ms B/16
   inference call at batch 256 on the H200, 2026-11-28, session 17). Three narrower products instead
-  of one wide one; the output projection as stock.
+  of one wide one; the output projection as stock. Inference only: in training the padded attention
+  copies q, k and v anyway, and `gpu_hlo.py` estimates the split step 0.5 ms slower.
+* `pos_matmul` (training): every `PositionEmbedding` swapped for `MatmulGradientPositionEmbedding`
+  below: the embedding's gradient, a sum over the batch, computed as a matrix product. Autodiff's
+  reduce over the batch makes XLA's layout assignment lay the whole residual stream out batch-minor in
+  training, so every matrix product and LayerNorm is bracketed by transposes (`input_transpose_fusion`,
+  2.55 ms of the 20.7 ms B/16 step measured on the H200 on 2026-11-28; found without a GPU by
+  `gpu_hlo.py`, which estimates the variant 2.3 ms faster per step).
+* `pad_once` (training, on top of `pos_matmul`): where the token count is odd (197), the position
+  embedding appends one zero token while training and every attention masks it by sequence lengths
+  (`pad_once_classes`), so cuDNN trains on 198 tokens instead of each block padding q, k and v to 256
+  and cutting the context back (the extra token's outputs reach nothing: token pooling reads the
+  [class] token). `gpu_hlo.py`: pads and slices 0.3 ms less per B/16 step, attention FLOPs 40% less (what
+  cuDNN makes of that, with its 128-token tiles, is for the GPU to say).
 
 (`erf_gelu`, the exact GELU through erf in float32, was a variant here until it became keras_vit's
 GELU on JAX, `layers._erf_gelu`: +11.7% B/16 inference, +2.9% training on the H200.)
@@ -51,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import json
 import math
 import os
@@ -68,9 +82,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 from cases import GPU_CASES, lookup_case  # noqa: E402
 from worker import KerasWorker, fit_runner, random_batch, timed  # noqa: E402
 
-TRAIN_VARIANTS = ("stock", "split_qkv", "heads_major", "plain")
+TRAIN_VARIANTS = ("stock", "pos_matmul", "pad_once", "heads_major", "plain")
 INFER_VARIANTS = ("stock", "split_qkv", "heads_major", "plain", "fused_padded")
-VARIANTS = ("stock", "split_qkv", "heads_major", "plain", "fused", "fused_padded")
+VARIANTS = ("stock", "pos_matmul", "pad_once", "split_qkv", "heads_major", "plain", "fused", "fused_padded")
 CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256")
 PROFILED_STEPS = 5
 # XLA's fusions by what they do (their names say it: loop_/input_ + the ops fused), after the
@@ -210,22 +224,136 @@ def split_projection_class():
     return SplitProjectionAttention
 
 
-VARIANT_CLASSES = {"heads_major": heads_major_class, "split_qkv": split_projection_class}
+# --- the position embedding's gradient as a matrix product -----------------------------------------
+def position_matmul_class():
+    """`MatmulGradientPositionEmbedding`, a subclass of keras_vit's public `PositionEmbedding` (made on
+    first use, as `heads_major_class`)."""
+    import jax
+    import jax.numpy as jnp
+    from keras import ops
+
+    import keras_vit
+
+    @jax.custom_vjp
+    def add_position(tokens, embedding):
+        return tokens + embedding
+
+    def forward(tokens, embedding):
+        return tokens + embedding, None
+
+    def backward(_, grad):
+        # The embedding's gradient, the sum over the batch, as a matrix product. Autodiff's reduce over
+        # the batch makes XLA's GPU layout assignment keep the whole residual stream batch-minor in
+        # training, with transposes around every matrix product (2.4 ms of a 20.7 ms B/16 step by
+        # `gpu_hlo.py`). Two rows of ones: XLA rewrites a one-row product into that reduce again.
+        batch = grad.shape[0]
+        summed = jax.lax.dot_general(
+            jnp.ones((2, batch), grad.dtype),
+            grad.reshape(batch, -1),
+            (((1,), (0,)), ((), ())),
+            precision=jax.lax.Precision.HIGHEST,  # float32 stays float32 (no TF32)
+            preferred_element_type=jnp.float32,
+        )[0]
+        return grad, summed.reshape((1, *grad.shape[1:])).astype(grad.dtype)
+
+    add_position.defvjp(forward, backward)
+
+    class MatmulGradientPositionEmbedding(keras_vit.PositionEmbedding):
+        """The same values and gradients; the embedding's gradient by a matrix product over the batch."""
+
+        def call(self, tokens):
+            return add_position(tokens, ops.cast(self.embedding, tokens.dtype))
+
+    return MatmulGradientPositionEmbedding
+
+
+# --- tokens padded once for the attention, not in every block ---------------------------------------
+def pad_once_classes(num_tokens: int):
+    """`PadOncePositionEmbedding` and `PadOnceAttention` for a model of `num_tokens` tokens: where the count
+    is odd (197), while training the position embedding appends one zero token and every attention masks it
+    by sequence lengths, so cuDNN trains on an even count without padding q, k and v to 256 and cutting
+    the context back in each block. The extra token's outputs reach nothing (token pooling reads the
+    [class] token), so its gradients are zero: the same loss and gradients."""
+    import jax
+    import jax.numpy as jnp
+    from keras import ops
+
+    import keras_vit
+    from keras_vit.models.attention import _cudnn_takes, compute_device
+
+    class PadOncePositionEmbedding(position_matmul_class()):
+        def call(self, tokens, training=None):
+            tokens = super().call(tokens)
+            return jnp.pad(tokens, ((0, 0), (0, 1), (0, 0))) if training and num_tokens % 2 else tokens
+
+    class PadOnceAttention(keras_vit.MultiHeadSelfAttention):
+        def call(self, tokens, training=None, return_attention_scores: bool = False):
+            if not training or tokens.shape[1] != num_tokens + 1 or self._runs_sublayers() or self.dropout:
+                return super().call(
+                    tokens, training=training, return_attention_scores=return_attention_scores
+                )
+            batch, length, width = tokens.shape
+            scale = ops.cast(1.0 / np.sqrt(self.head_dim), self.compute_dtype)
+            pairs = ((self.query_dense, scale), (self.key_dense, 1), (self.value_dense, 1))
+            kernel = ops.concatenate([ops.reshape(d.kernel, (width, width)) * s for d, s in pairs], axis=1)
+            bias = ops.concatenate([ops.reshape(d.bias, (width,)) * s for d, s in pairs], axis=0)
+            qkv = ops.matmul(ops.reshape(tokens, (-1, width)), kernel) + bias
+            query, key, value = ops.unstack(
+                ops.reshape(qkv, (batch, length, 3, self.num_heads, self.head_dim)), 3, 2
+            )
+            lengths = jnp.full((batch,), num_tokens, "int32")
+            cudnn = _cudnn_takes(compute_device(), query.dtype, self.head_dim)
+            context = jax.nn.dot_product_attention(
+                query,
+                key,
+                value,
+                scale=1.0,
+                query_seq_lengths=lengths,
+                key_value_seq_lengths=lengths,
+                implementation="cudnn" if cudnn else "xla",
+            )
+            output = ops.matmul(
+                ops.reshape(context, (-1, width)), ops.reshape(self.output_dense.kernel, (width, width))
+            )
+            return ops.reshape(output + self.output_dense.bias, (batch, length, width))
+
+    return {"PositionEmbedding": PadOncePositionEmbedding, "MultiHeadSelfAttention": PadOnceAttention}
+
+
+# variant -> a function of the model giving keras_vit's public layer classes to replace -> replacements
+VARIANT_CLASSES = {
+    "heads_major": lambda model: {"MultiHeadSelfAttention": heads_major_class()},
+    "split_qkv": lambda model: {"MultiHeadSelfAttention": split_projection_class()},
+    "pos_matmul": lambda model: {"PositionEmbedding": position_matmul_class()},
+    "pad_once": lambda model: pad_once_classes(model.get_layer("pos_embed").num_tokens),
+}
+
+
+def _adopt(layer, cls) -> None:
+    """`layer` becomes a `cls`; Keras's record of its `call` signature (made in `Layer.__init__`: which
+    arguments `__call__` passes, `training` among them) is made again for the new `call`."""
+    layer.__class__ = cls
+    layer._call_signature = inspect.signature(layer.call)
+    layer.call_signature_parameters = list(layer._call_signature.parameters)
+    layer._call_has_training_arg = "training" in layer.call_signature_parameters
+    layer._call_has_context_arg = {
+        arg: arg in layer.call_signature_parameters for arg in layer._call_context_args
+    }
 
 
 def apply_variant(model, variant: str):
-    """Swap the model's attention layers' class for the variant's (in place); the model back."""
+    """Swap the class of the model's layers that the variant replaces (in place); the model back."""
     if variant in VARIANT_CLASSES:
         import keras_vit
 
-        cls = VARIANT_CLASSES[variant]()
-        swapped = 0
-        for layer in model._flatten_layers(include_self=False, recursive=True):
-            if type(layer) is keras_vit.MultiHeadSelfAttention:
-                layer.__class__ = cls
-                swapped += 1
-        if not swapped:
-            raise RuntimeError("No MultiHeadSelfAttention layer to swap.")
+        for name, cls in VARIANT_CLASSES[variant](model).items():
+            replaced, swapped = getattr(keras_vit, name), 0
+            for layer in model._flatten_layers(include_self=False, recursive=True):
+                if type(layer) is replaced:
+                    _adopt(layer, cls)
+                    swapped += 1
+            if not swapped:
+                raise RuntimeError(f"No {name} layer to swap.")
     return model
 
 
@@ -516,10 +644,11 @@ def main(argv: list[str] | None = None) -> int:
     # Variant by variant, each over the cases (stock first: the reference weights, loss and logits),
     # so that a deadline cuts the least informative pairs.
     order = ["stock", *(args.variants or [v for v in VARIANTS if v in TRAIN_VARIANTS + INFER_VARIANTS])]
+    # A variant of one kind's list runs on that kind's cases only (`pos_matmul` changes no inference).
     for variant in dict.fromkeys(order):
         for case_name in args.cases:
-            kind = GPU_CASES[case_name].kind
-            if args.variants or variant in (TRAIN_VARIANTS if kind == "train" else INFER_VARIANTS):
+            own = TRAIN_VARIANTS if GPU_CASES[case_name].kind == "train" else INFER_VARIANTS
+            if variant in own or (args.variants and variant not in TRAIN_VARIANTS + INFER_VARIANTS):
                 experiments.run_case(case_name, variant)
     experiments.lines.close()
     return 0

@@ -2,8 +2,8 @@
 # Issue 36 in one device call of under 7 minutes, in priority order, each stage under a deadline;
 # every stage writes JSON lines to the results folder as it goes, so a call cut short keeps what ran.
 #
-#   bash benchmarks/gpu/run_issue36.sh [first|second|third|fourth]      # on the GPU machine (wheels in .whl/)
-#   bash benchmarks/gpu/run_issue36.sh --rehearse [first|...|fourth]     # on a CPU: test-size, no TensorFlow
+#   bash benchmarks/gpu/run_issue36.sh [first|second|third|fourth|fifth]  # on the GPU machine (wheels in .whl/)
+#   bash benchmarks/gpu/run_issue36.sh --rehearse [first|...|fifth]       # on a CPU: test-size, no TensorFlow
 #
 # first (TOTAL=405 s):
 #   1. nvidia-smi, versions;
@@ -20,16 +20,21 @@
 # second (TOTAL=360 s): XLA flags on the stock ViT-B/16 training step (one process per flag set, 55 s
 #   each), then ViT-S/16 bf16 training (batch 128): keras_vit JAX (variants: $S16_VARIANTS, default
 #   stock), timm eager, timm + torch.compile with fused and with foreach AdamW.
-# third (TOTAL=335 s): q, k and v by products of their own (`split_qkv`, no strided cuts to copy for
-#   cuDNN) against stock on ViT-B/16 bf16 training (batch 64) and inference (256), profiled (90 s;
-#   2026-11-28 this stage ran `erf_gelu`, since keras_vit's GELU); keras_vit on PyTorch with `jit_compile=True` (the
-#   forward pass through torch.compile) on the same two cases, in a gpu.py run of its own so that its
-#   compiles get the whole share (95 s); then timm eager, timm + torch.compile with fused AdamW (training)
-#   and keras_vit's eager PyTorch path on them (100 s); timm + torch.compile inference (50 s). Each
-#   gpu.py run writes a folder of its own under the results.
+# third (TOTAL=335 s): the JAX variants gpu_hlo.py found without a GPU (2026-11-29), profiled, against
+#   stock: ViT-B/16 bf16 training (batch 64): `pos_matmul` (the position embedding's gradient as a matrix
+#   product: no batch-minor residual stream, no transposes) and `pad_once` (also 198 tokens padded once
+#   for cuDNN instead of 256 in every block); inference (batch 256): `split_qkv` (q, k, v by products of
+#   their own, no strided cuts to copy) (150 s); then ViT-S/16 (128) and L/16 (32) training, stock
+#   against `pad_once`, unprofiled (80 s); then timm + torch.compile with fused AdamW (training) and
+#   timm + torch.compile (inference) on ViT-B/16, the ratios' reference in the same call (95 s).
 # fourth (TOTAL=330 s): benchmarks/gpu_torch_profile.py: keras_vit's PyTorch steps, eager and with
 #   `jit_compile=True`, beside timm eager's, on the same two cases: kernel tables, host time and the
 #   host-device synchronisations (270 s with the compiles); then eager_torch_check.py (40 s).
+# fifth (TOTAL=335 s): keras_vit on PyTorch with `jit_compile=True` (the forward pass through
+#   torch.compile) on ViT-B/16 bf16 training (64) and inference (256), in a gpu.py run of its own so that
+#   its compiles get the whole share (95 s); then timm eager, timm + torch.compile with fused AdamW
+#   (training) and keras_vit's eager PyTorch path on them (100 s); timm + torch.compile inference (50 s).
+#   Each gpu.py run writes a folder of its own under the results.
 #
 # Results: $OUT (the device's returned folder) or benchmarks/results/issue36-<date>/.
 set -uo pipefail
@@ -94,8 +99,15 @@ if [[ "$STAGE" == "first" ]]; then
 elif [[ "$STAGE" == "third" ]]; then
     TOTAL=${TOTAL:-335}
     B16=(train_b16_bf16_bs64 infer_b16_bf16_bs256)
-    stage experiments 90 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --matmul --profile \
-        --deadline 85 --reserve 20 --cases "${B16[@]}" --variants split_qkv "${TINY[@]}"
+    stage experiments 150 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --matmul --profile \
+        --deadline 145 --reserve 20 --cases "${B16[@]}" --variants pos_matmul pad_once split_qkv "${TINY[@]}"
+    stage experiments_s16_l16 80 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --deadline 75 \
+        --reserve 20 --cases train_s16_bf16_bs128 train_l16_bf16_bs32 --variants pad_once "${TINY[@]}"
+    stage timm_compiled 95 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_compiled" --budget 90 \
+        --cases "${B16[@]}" --competitors timm_compiled_fused timm_compiled "${TINY[@]}"
+elif [[ "$STAGE" == "fifth" ]]; then
+    TOTAL=${TOTAL:-335}
+    B16=(train_b16_bf16_bs64 infer_b16_bf16_bs256)
     stage torch_compiled 95 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/torch_compiled" --budget 90 \
         --cases "${B16[@]}" --competitors keras_vit_torch_compiled "${TINY[@]}"
     stage timm_and_torch 100 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_and_torch" --budget 95 \
