@@ -22,7 +22,7 @@ passes a step makes, not a measurement (`results/gpu-hlo-20261129/README.md` com
 profile).
 
 There is no autotuner without a GPU, so by default matrix products go to cuBLAS
-(`--xla_gpu_enable_triton_gemm=false`), as the H200's autotuner chose for nearly all of them;
+(`--xla_gpu_enable_triton_gemm=false`), as the H200's autotuner chose for most of them (`nvjet`);
 `--xla-gemm` leaves XLA's untuned Triton products instead. Needs JAX with its CUDA plugin (`pip install
 "jax[cuda13]"`; jax 0.11.2 as on the H200, which needs Python 3.12) and no GPU: the plugin's check of
 the driver's versions is skipped (`JAX_SKIP_CUDA_CONSTRAINTS_CHECK`).
@@ -63,10 +63,12 @@ def _dims(array_type: str) -> list[int]:
     return [int(d) for d in match.group(2).split(",") if d] if match else []
 
 
-def _bytes(type_text: str) -> int:
-    """Bytes of an array type or of every array in a tuple type."""
+def _bytes(type_text: str, workspace: bool = True) -> int:
+    """Bytes of an array type or of every array in a tuple type (without cuBLAS's `s8` workspace)."""
     total = 0
     for dtype, dims in ARRAY.findall(type_text):
+        if dtype == "s8" and not workspace:
+            continue
         count = 1
         for d in dims.split(","):
             count *= int(d) if d else 1
@@ -130,16 +132,28 @@ def _product_flops(type_text: str, lhs_type: str, contracting: list[int]) -> int
     return 2 * output * _contracted(lhs_type, contracting)
 
 
-def _fusion_flops(lines: list[str]) -> int:
-    """FLOPs of the dots inside a fused computation (XLA's Triton matrix products)."""
-    types, flops = {}, 0
+def _cublas_flops(type_text: str, lhs_type: str, attributes: str) -> int:
+    contracting = re.search(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]', attributes).group(1)
+    return _product_flops(type_text, lhs_type, [int(d) for d in re.findall(r"\d+", contracting)])
+
+
+def _fused_product(lines: list[str]) -> tuple[int, int] | None:
+    """(FLOPs, bytes of its operands and output) of the matrix products inside a fused computation:
+    XLA's Triton products (`dot`), or cuBLAS's called on slices of a buffer (XLA's dynamic-slice
+    fusions: the slices are views, so the bytes are the product's own); None without one."""
+    types, flops, moved, found = {}, 0, 0, False
     for name, type_text, opcode, operands, attributes in instructions(lines):
         types[name] = type_text
         if opcode == "dot":
             contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attributes).group(1)
             dims = [int(d) for d in contracting.split(",") if d]
             flops += _product_flops(type_text, types[operands[0]], dims)
-    return flops
+            found = True
+        elif opcode == "custom-call" and "__cublas" in attributes:
+            flops += _cublas_flops(type_text, types[operands[0]], attributes)
+            moved += _bytes(type_text, False) + sum(_bytes(types[o]) for o in operands)
+            found = True
+    return (flops, moved) if found else None
 
 
 def kind_of(name: str, opcode: str, attributes: str) -> str:
@@ -149,8 +163,6 @@ def kind_of(name: str, opcode: str, attributes: str) -> str:
             return "attention (cuDNN)"
         return "matmul" if "cublas" in target else f"custom call {target}"
     if opcode == "fusion":
-        if "gemm" in name or '"kind":"__triton' in attributes and "gemm" in attributes:
-            return "matmul"
         for kind, words in (
             ("transposes", ("transpose",)),
             ("reductions", ("reduce",)),
@@ -173,15 +185,15 @@ def kernels(text: str) -> list[dict]:
         if opcode in NOT_KERNELS or opcode.endswith("-done"):
             continue
         kind = kind_of(name, opcode, attributes)
-        moved = _bytes(type_text) + sum(_bytes(types.get(operand, "")) for operand in operands)
+        moved = _bytes(type_text, False) + sum(_bytes(types.get(operand, "")) for operand in operands)
         flops, rate = 0, MATMUL_RATE["f32" if type_text.lstrip("(").startswith("f32") else "bf16"]
         callee = re.search(r"calls=%([\w.\-]+)", attributes)
-        if kind == "matmul" and opcode == "fusion" and callee:
-            flops = _fusion_flops(bodies.get(callee.group(1), []))
+        fused = _fused_product(bodies.get(callee.group(1), [])) if opcode == "fusion" and callee else None
+        if fused:
+            kind, (flops, inner_bytes) = "matmul", fused
+            moved = inner_bytes or moved
         elif kind == "matmul":
-            contracting = re.search(r'"lhs_contracting_dimensions":\s*\[([^\]]*)\]', attributes).group(1)
-            dims = [int(d) for d in re.findall(r"\d+", contracting)]
-            flops = _product_flops(type_text, types[operands[0]], dims)
+            flops = _cublas_flops(type_text, types[operands[0]], attributes)
         elif kind == "attention (cuDNN)":
             batch, tokens, heads, head_dim = _dims(types[operands[0]])  # q: (B, T, N, H)
             flops = 4 * batch * heads * tokens * tokens * head_dim
