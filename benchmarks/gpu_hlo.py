@@ -38,6 +38,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -64,7 +65,8 @@ def _dims(array_type: str) -> list[int]:
 
 
 def _bytes(type_text: str, workspace: bool = True) -> int:
-    """Bytes of an array type or of every array in a tuple type (without cuBLAS's `s8` workspace)."""
+    """Bytes of an array type or of every array in a tuple type; without `workspace`, less the `s8`
+    arrays (cuBLAS's scratch, which a product returns beside its result)."""
     total = 0
     for dtype, dims in ARRAY.findall(type_text):
         if dtype == "s8" and not workspace:
@@ -85,7 +87,7 @@ def _closing(text: str, start: int) -> int:
     raise ValueError(f"unbalanced parentheses: {text[:80]}")
 
 
-def instructions(lines: list[str]):
+def instructions(lines: list[str]) -> Iterator[tuple[str, str, str, list[str], str]]:
     """(name, type, opcode, operand names, attributes) of each instruction line."""
     for line in lines:
         line = line.strip().removeprefix("ROOT ")
@@ -247,6 +249,8 @@ def summarise(rows: list[dict], top: int = 15) -> dict:
 
 # --- compiling keras_vit's steps for the target ---------------------------------------------------------
 class Compiler:
+    """keras_vit's JAX steps compiled for the GPU a `GpuTargetConfigProto` file describes."""
+
     def __init__(self, target: str):
         import jax
         from jax.experimental import topologies
@@ -269,7 +273,8 @@ class Compiler:
         spec = self.jax.ShapeDtypeStruct
         return self.jax.tree.map(lambda a: spec(a.shape, a.dtype, sharding=self.sharding), tree)
 
-    def compile(self, case_name: str, variant: str):
+    def compile(self, case_name: str, variant: str) -> str:
+        """The case's step with the variant, compiled for the target: the module's HLO text."""
         from cases import lookup_case
         from gpu_experiments import apply_variant, attention_of
 
