@@ -35,6 +35,10 @@ Each variant is the stock model (`keras_vit.create_model`, random weights, the G
   and cutting the context back (the extra token's outputs reach nothing: token pooling reads the
   [class] token). `gpu_hlo.py`: pads and slices 0.3 ms less per B/16 step, attention FLOPs 40% less (what
   cuDNN makes of that, with its 128-token tiles, is for the GPU to say).
+* `ln_one_pass`: every Keras `LayerNormalization` swapped for `OnePassLayerNormalization` below: the
+  statistics E[x] and E[x²] from one reduction instead of the mean and then the variance about it, one
+  read of the tokens less per LayerNorm (`gpu_hlo.py`: 0.49 ms of a 17.2 ms B/16 inference call with
+  `split_qkv`, 0.25 ms of a training step; XLA's reductions ran at half the bandwidth it assumes).
 
 (`erf_gelu`, the exact GELU through erf in float32, was a variant here until it became keras_vit's
 GELU on JAX, `layers._erf_gelu`: +11.7% B/16 inference, +2.9% training on the H200.)
@@ -82,9 +86,19 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 from cases import GPU_CASES, lookup_case  # noqa: E402
 from worker import KerasWorker, fit_runner, random_batch, timed  # noqa: E402
 
-TRAIN_VARIANTS = ("stock", "pos_matmul", "pad_once", "heads_major", "plain")
-INFER_VARIANTS = ("stock", "split_qkv", "heads_major", "plain", "fused_padded")
-VARIANTS = ("stock", "pos_matmul", "pad_once", "split_qkv", "heads_major", "plain", "fused", "fused_padded")
+TRAIN_VARIANTS = ("stock", "pos_matmul", "pad_once", "ln_one_pass", "heads_major", "plain")
+INFER_VARIANTS = ("stock", "split_qkv", "ln_one_pass", "heads_major", "plain", "fused_padded")
+VARIANTS = (
+    "stock",
+    "pos_matmul",
+    "pad_once",
+    "split_qkv",
+    "ln_one_pass",
+    "heads_major",
+    "plain",
+    "fused",
+    "fused_padded",
+)
 CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256")
 PROFILED_STEPS = 5
 # XLA's fusions by what they do (their names say it: loop_/input_ + the ops fused), after the
@@ -320,12 +334,45 @@ def pad_once_classes(num_tokens: int):
     return {"PositionEmbedding": PadOncePositionEmbedding, "MultiHeadSelfAttention": PadOnceAttention}
 
 
-# variant -> a function of the model giving keras_vit's public layer classes to replace -> replacements
+# --- LayerNorm statistics in one pass -----------------------------------------------------------------
+def one_pass_layer_norm_class():
+    """`OnePassLayerNormalization`, a subclass of Keras's `LayerNormalization` (made on first use)."""
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    class OnePassLayerNormalization(keras.layers.LayerNormalization):
+        """The same normalisation in float32 with E[x] and E[x²] from one reduction (variance
+        E[x²] - E[x]², at least 0), where Keras takes the mean and then the variance about it: two
+        reductions over the tokens before the normalising pass. One-pass variance loses accuracy where a
+        row's mean is large next to its spread; `--check` compares it in float32."""
+
+        def call(self, inputs):
+            axes = self.axis if isinstance(self.axis, (list, tuple)) else [self.axis]
+            if self.rms_scaling or [axis % len(inputs.shape) for axis in axes] != [len(inputs.shape) - 1]:
+                return super().call(inputs)
+            x = jnp.asarray(inputs, jnp.float32)
+            mean = jnp.mean(x, axis=-1, keepdims=True)
+            variance = jnp.maximum(jnp.mean(jnp.square(x), axis=-1, keepdims=True) - jnp.square(mean), 0.0)
+            scale = jax.lax.rsqrt(variance + self.epsilon)
+            if self.scale:
+                scale = scale * jnp.asarray(self.gamma, jnp.float32)
+            shift = -mean * scale
+            if self.center:
+                shift = shift + jnp.asarray(self.beta, jnp.float32)
+            return (x * scale + shift).astype(self.compute_dtype)
+
+    return OnePassLayerNormalization
+
+
+# variant -> a function of the model giving the layer classes to replace (keras_vit's public ones, or
+# Keras's) -> replacements
 VARIANT_CLASSES = {
     "heads_major": lambda model: {"MultiHeadSelfAttention": heads_major_class()},
     "split_qkv": lambda model: {"MultiHeadSelfAttention": split_projection_class()},
     "pos_matmul": lambda model: {"PositionEmbedding": position_matmul_class()},
     "pad_once": lambda model: pad_once_classes(model.get_layer("pos_embed").num_tokens),
+    "ln_one_pass": lambda model: {"LayerNormalization": one_pass_layer_norm_class()},
 }
 
 
@@ -344,10 +391,12 @@ def _adopt(layer, cls) -> None:
 def apply_variant(model, variant: str):
     """Swap the class of the model's layers that the variant replaces (in place); the model back."""
     if variant in VARIANT_CLASSES:
+        import keras
+
         import keras_vit
 
         for name, cls in VARIANT_CLASSES[variant](model).items():
-            replaced, swapped = getattr(keras_vit, name), 0
+            replaced, swapped = getattr(keras_vit, name, None) or getattr(keras.layers, name), 0
             for layer in model._flatten_layers(include_self=False, recursive=True):
                 if type(layer) is replaced:
                     _adopt(layer, cls)
