@@ -37,8 +37,8 @@ Each variant is the stock model (`keras_vit.create_model`, random weights, the G
   cuDNN makes of that, with its 128-token tiles, is for the GPU to say).
 * `ln_one_pass`: every Keras `LayerNormalization` swapped for `OnePassLayerNormalization` below: the
   statistics E[x] and E[x²] from one reduction instead of the mean and then the variance about it, one
-  read of the tokens less per LayerNorm (`gpu_hlo.py`: 0.49 ms of a 17.2 ms B/16 inference call with
-  `split_qkv`, 0.25 ms of a training step; XLA's reductions ran at half the bandwidth it assumes).
+  read of the tokens less per LayerNorm (`gpu_hlo.py`: 0.49 ms of an estimated 18.6 ms B/16 inference
+  call, 0.25 ms of an 18.0 ms training step; XLA's reductions ran at half the bandwidth it assumes).
 
 (`erf_gelu`, the exact GELU through erf in float32, was a variant here until it became keras_vit's
 GELU on JAX, `layers._erf_gelu`: +11.7% B/16 inference, +2.9% training on the H200.)
@@ -258,8 +258,9 @@ def position_matmul_class():
     def backward(_, grad):
         # The embedding's gradient, the sum over the batch, as a matrix product. Autodiff's reduce over
         # the batch makes XLA's GPU layout assignment keep the whole residual stream batch-minor in
-        # training, with transposes around every matrix product (2.4 ms of a 20.7 ms B/16 step by
-        # `gpu_hlo.py`). Two rows of ones: XLA rewrites a one-row product into that reduce again.
+        # training, with transposes around every matrix product (2.55 ms of the 20.7 ms B/16 step measured
+        # on the H200, 2.36 ms by `gpu_hlo.py`). Two rows of ones: XLA rewrites a one-row product into
+        # that reduce again.
         batch = grad.shape[0]
         summed = jax.lax.dot_general(
             jnp.ones((2, batch), grad.dtype),
