@@ -23,7 +23,9 @@ profile).
 
 There is no autotuner without a GPU, so by default matrix products go to cuBLAS
 (`--xla_gpu_enable_triton_gemm=false`), as the H200's autotuner chose for most of them (`nvjet`);
-`--xla-gemm` leaves XLA's untuned Triton products instead. Needs JAX with its CUDA plugin (`pip install
+`--xla-gemm` leaves XLA's untuned Triton products instead. Unknown cases and variants, a missing
+target and, with `--keep-hlo`, a module file already in the folder are refused before anything is
+compiled or written (`tests/test_benchmark_tools.py`). Needs JAX with its CUDA plugin (`pip install
 "jax[cuda13]"`; jax 0.11.2 as on the H200, which needs Python 3.12) and no GPU: the plugin's check of
 the driver's versions is skipped (`JAX_SKIP_CUDA_CONSTRAINTS_CHECK`).
 """
@@ -43,6 +45,10 @@ from collections.abc import Iterator
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from cases import GPU_CASES  # noqa: E402
+from gpu_experiments import VARIANTS as KNOWN_VARIANTS  # noqa: E402
+
 BANDWIDTH = 4.0e12  # bytes/s
 MATMUL_RATE = {"bf16": 7.6e14, "f32": 3.56e14}  # FLOP/s by the product's output type (f32: TF32)
 ATTENTION_RATE = 2.0e14  # FLOP/s
@@ -335,23 +341,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output", required=True, help="folder of gpu_hlo.jsonl (and the HLO with --keep-hlo)"
     )
-    parser.add_argument("--cases", nargs="+", default=list(CASES))
-    parser.add_argument("--variants", nargs="+", help="default: VARIANTS of the case's kind")
+    compilable = sorted(name for name, case in GPU_CASES.items() if case.kind in VARIANTS)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=compilable)
+    parser.add_argument(
+        "--variants", nargs="+", choices=KNOWN_VARIANTS, help="default: VARIANTS of the case's kind"
+    )
     parser.add_argument(
         "--target", default=os.path.join(HERE, "gpu", "h200.txtpb"), help="GpuTargetConfigProto"
     )
     parser.add_argument("--xla-gemm", action="store_true", help="XLA's untuned Triton products, not cuBLAS")
     parser.add_argument("--keep-hlo", action="store_true", help="also write each compiled module (gzip)")
     args = parser.parse_args(argv)
+    if not os.path.isfile(args.target):
+        parser.error(f"--target {args.target}: no such file (a GpuTargetConfigProto, as gpu/h200.txtpb)")
     os.environ.setdefault("KERAS_BACKEND", "jax")
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # no driver to ask
     if not args.xla_gemm:
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
         ).strip()
-    sys.path.insert(0, HERE)
-    from cases import GPU_CASES
-
+    if args.keep_hlo:  # nothing of the user's is written over: refused before any compilation
+        kept = [f"{c}-{v}.hlo.gz" for c in args.cases for v in args.variants or VARIANTS[GPU_CASES[c].kind]]
+        present = [name for name in kept if os.path.lexists(os.path.join(args.output, name))]
+        if present:
+            parser.error(f"{', '.join(present)} already in {args.output}: give --output a new folder")
     os.makedirs(args.output, exist_ok=True)
     compiler = Compiler(args.target)
     lines = []
@@ -382,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 if args.keep_hlo:
-                    with gzip.open(os.path.join(args.output, f"{case_name}-{variant}.hlo.gz"), "wt") as hlo:
+                    with gzip.open(os.path.join(args.output, f"{case_name}-{variant}.hlo.gz"), "xt") as hlo:
                         hlo.write(text)
     report(lines)
     return 0
