@@ -13,10 +13,8 @@ keras_vit is told it computes on a GPU (`attention.compute_device`), so it takes
 
 The compiled module's top-level kernels (fusions and library calls) are then sorted by kind, with the
 bytes each reads and writes and the FLOPs of matrix products and attention. The estimate takes the
-longer of bytes / `BANDWIDTH` and FLOPs / the kind's rate: rates measured on the H200 on 2026-11-28
-(`results/gpu-20261128-h200-issue36/`): 4.0 TB/s (the q|k|v slices, 5.6 GB in 1.36 ms), 760
-TFLOP/s for cuBLAS's bfloat16 products (356 for float32 ones, as TF32), 200 TFLOP/s for cuDNN's flash
-attention (backward 2.5x the forward's FLOPs). It ignores launch gaps, caches and kernel quality
+longer of bytes / `BANDWIDTH` and FLOPs / the kind's rate, the rates measured on the H200 on
+2026-11-28 (`h200.py`). It ignores launch gaps, caches and kernel quality
 (XLA's reductions ran at about half that bandwidth): a tool to compare variants and find the memory
 passes a step makes, not a measurement (`results/gpu-hlo-20261129/README.md` compares it with the
 profile).
@@ -48,10 +46,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cases import GPU_CASES  # noqa: E402
 from gpu_experiments import VARIANTS as KNOWN_VARIANTS  # noqa: E402
+from h200 import ATTENTION_BACKWARD_FLOPS, ATTENTION_RATE, BANDWIDTH, MATMUL_RATE  # noqa: E402
 
-BANDWIDTH = 4.0e12  # bytes/s
-MATMUL_RATE = {"bf16": 7.6e14, "f32": 3.56e14}  # FLOP/s by the product's output type (f32: TF32)
-ATTENTION_RATE = 2.0e14  # FLOP/s
 CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256")
 # gpu_experiments.py's variants but heads_major, whose cuDNN branch asks JAX for this machine's backend
 VARIANTS = {
@@ -205,7 +201,7 @@ def kernels(text: str) -> list[dict]:
         elif kind == "attention (cuDNN)":
             batch, tokens, heads, head_dim = _dims(types[operands[0]])  # q: (B, T, N, H)
             flops = 4 * batch * heads * tokens * tokens * head_dim
-            flops = int(flops * (2.5 if "Backward" in attributes else 1))
+            flops = int(flops * (ATTENTION_BACKWARD_FLOPS if "Backward" in attributes else 1))
             rate = ATTENTION_RATE
         seconds = max(moved / BANDWIDTH, flops / rate)
         rows.append(

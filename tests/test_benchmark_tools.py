@@ -1,9 +1,11 @@
-"""The benchmark tools refuse bad arguments before any work, with what to do, and write over nothing.
+"""The benchmark tools refuse bad arguments before any work, with what to do, and write over nothing;
+the kernel counter counts what a GPU would launch.
 
 `benchmarks/gpu_hlo.py` compiles for a GPU only where JAX's CUDA plugin is installed; its refusals come
 first, so they are tested here without it.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from helpers import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_HLO = REPO / "benchmarks" / "gpu_hlo.py"
+TORCH_KERNELS = REPO / "benchmarks" / "torch_kernels.py"
 
 
 @pytest.mark.backend_free
@@ -48,3 +51,34 @@ def test_gpu_hlo_refuses_bad_arguments_and_writes_over_nothing(tmp_path, argumen
     assert message in result.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == before  # no gpu_hlo.jsonl either
     assert own.read_text() == "the user's" and outside.read_text() == "elsewhere"
+
+
+@pytest.mark.backend_free
+def test_torch_kernels_counts_the_same_products_for_keras_vit_and_timm(tmp_path):
+    """`torch_kernels.py` on the test-size ViT (2 blocks): keras_vit's PyTorch step and timm's launch the
+    same matrix products (one per product, views not counted) and flash attention once per block and
+    pass (a composite operation followed to its kernel), 5 LayerNorms per pass, and both trainings
+    update with multi-tensor kernels (timm's AdamW on CUDA's foreach path)."""
+    result = subprocess.run(
+        [sys.executable, str(TORCH_KERNELS), "--output", str(tmp_path), "--tiny"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "torch_kernels.jsonl").read_text().splitlines()]
+    steps = {(line["case"].split("_")[0], line["competitor"]): line["by_kind"] for line in lines}
+    assert sorted(steps) == [(kind, who) for kind in ("infer", "train") for who in ("keras_vit", "timm")]
+    # forward: the patch embedding, 4 per block, the head; backward: the input's and the weight's
+    # gradients of each, but no gradient for the images
+    products = {"infer": 10, "train": 10 + 2 * 10 - 1}
+    for kind, passes in (("infer", 1), ("train", 2)):
+        keras_vit, timm = steps[kind, "keras_vit"], steps[kind, "timm"]
+        for name in ("matmul", "attention"):
+            assert keras_vit[name]["flops"] == timm[name]["flops"] > 0, (kind, name)
+        assert keras_vit["matmul"]["kernels"] == timm["matmul"]["kernels"] == products[kind]
+        assert keras_vit["attention"]["kernels"] == timm["attention"]["kernels"] == 2 * passes
+        assert keras_vit["layer norm"]["kernels"] == timm["layer norm"]["kernels"] == 5 * passes
+        updates = "optimizer (multi-tensor)"
+        assert (updates in keras_vit) == (updates in timm) == (kind == "train"), kind

@@ -94,20 +94,18 @@ class VariableReader:
 
 
 def _layer_norm(tokens, layer, read: VariableReader):
-    """Keras's LayerNormalization on torch: `F.layer_norm` in at least float32, back to the input's dtype.
+    """Keras's LayerNormalization on torch (`ops.layer_normalization`): `F.layer_norm` in at least
+    float32, tokens, gamma and beta in one dtype, back to the tokens' dtype.
 
-    Without gradients a bfloat16 or float16 input goes in as it is: PyTorch's mixed-dtype kernel
-    computes in float32 and rounds once, the same values within rounding without a float32 copy in and
-    out (a third of the memory traffic). With gradients through a float32 copy: that kernel's CPU
-    backward is inexact for gamma and beta (torch 2.14: 8% off for 4,000 bfloat16 rows)."""
+    One dtype is also what PyTorch's CUDA kernel takes: it refuses bfloat16 tokens with float32 gamma
+    ("expected scalar type BFloat16 but found Float"). Its CPU kernel takes that mix, but its backward
+    is inexact for gamma and beta there (torch 2.14: 8% off for 4,000 rows)."""
     import torch
     import torch.nn.functional as F
 
     width = layer.gamma.shape[-1]  # a Python int, also where a tracer (ONNX export) follows `tokens.shape`
-    gamma, beta = read(layer.gamma), read(layer.beta)
-    if tokens.dtype in (torch.bfloat16, torch.float16) and not torch.is_grad_enabled():
-        return F.layer_norm(tokens, (width,), gamma.float(), beta.float(), layer.epsilon)
     statistics = tokens.to(torch.promote_types(tokens.dtype, torch.float32))
+    gamma, beta = (read(weight).to(statistics.dtype) for weight in (layer.gamma, layer.beta))
     return F.layer_norm(statistics, (width,), gamma, beta, layer.epsilon).to(tokens.dtype)
 
 
