@@ -157,7 +157,10 @@ def _attention(tokens, attention, implementation: str, read: VariableReader):
 def _fused_attention(query, key, value):
     """`keras.ops.dot_product_attention(..., scale=1.0)` for `(batch, heads, tokens, head_dim)` inputs
     of one dtype, without its conversions and checks: Keras's choice of kernel (flash attention where
-    PyTorch says it can run, else PyTorch's own choice on contiguous inputs)."""
+    PyTorch says it can run, else PyTorch's own choice). The strided q, k and v cut from the one
+    projection go in as they are, where Keras's op copies them contiguous first: PyTorch's kernels take
+    any strides with a contiguous last axis (as timm gives them), and its CPU kernel returns the context
+    in the layout the next product reads without a copy."""
     import torch.nn.functional as F
     from torch.backends.cuda import SDPAParams, can_use_flash_attention
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -165,7 +168,7 @@ def _fused_attention(query, key, value):
     if can_use_flash_attention(SDPAParams(query, key, value, None, 0.0, False, False), False):
         with sdpa_kernel(backends=[SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(query, key, value, scale=1.0)
-    return F.scaled_dot_product_attention(query.contiguous(), key.contiguous(), value.contiguous(), scale=1.0)
+    return F.scaled_dot_product_attention(query, key, value, scale=1.0)
 
 
 def block_call(block, tokens, implementation: str, read: VariableReader | None = None):

@@ -399,6 +399,29 @@ def test_eager_torch_block_equals_the_keras_ops_path(rng, monkeypatch):
 
 
 @_TORCH_ONLY
+def test_eager_torch_fused_attention_takes_q_k_v_strided(rng, monkeypatch):
+    """The direct path gives PyTorch's attention q, k and v as cut from the one projection (strided,
+    the last axis contiguous), as timm does, with and without gradients: a contiguous copy of each
+    (Keras's op makes them) is three passes over memory per block that no kernel needs."""
+    import torch.nn.functional as F
+
+    block = _lora_block("float32", "fused", False)
+    _randomize(block, rng, scale=0.5)
+    seen, attention = [], F.scaled_dot_product_attention
+
+    def recording(query, key, value, *rest, **options):
+        seen.append([(t.is_contiguous(), t.stride(-1)) for t in (query, key, value)])
+        return attention(query, key, value, *rest, **options)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    tokens = torch.tensor(rng.normal(0, 2, size=(2, 9, 24)).astype("float32"))
+    with torch.inference_mode():
+        block(tokens)
+    block(tokens.requires_grad_(), training=True).sum().backward()
+    assert seen == [[(False, 1)] * 3] * 2
+
+
+@_TORCH_ONLY
 def test_eager_torch_block_leaves_what_it_does_not_compute_to_the_sublayers():
     """Dropout or stochastic depth while training, attention scores, quantized kernels and padded
     attention run the `keras.ops` path (the sublayers' own calls)."""
