@@ -356,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["XLA_FLAGS"] = (
             os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
         ).strip()
+    compilations = [(c, v) for c in args.cases for v in args.variants or VARIANTS[GPU_CASES[c].kind]]
     if args.keep_hlo:  # nothing of the user's is written over: refused before any compilation
-        kept = [f"{c}-{v}.hlo.gz" for c in args.cases for v in args.variants or VARIANTS[GPU_CASES[c].kind]]
+        kept = [f"{case_name}-{variant}.hlo.gz" for case_name, variant in compilations]
         present = [name for name in kept if os.path.lexists(os.path.join(args.output, name))]
         if present:
             parser.error(f"{', '.join(present)} already in {args.output}: give --output a new folder")
@@ -365,34 +366,31 @@ def main(argv: list[str] | None = None) -> int:
     compiler = Compiler(args.target)
     lines = []
     with open(os.path.join(args.output, "gpu_hlo.jsonl"), "a") as out:
-        for case_name in args.cases:
-            kind = GPU_CASES[case_name].kind
-            variants = args.variants or VARIANTS[kind]
-            for variant in variants:
-                started = time.perf_counter()
-                text = compiler.compile(case_name, variant)
-                line = {
-                    "case": case_name,
-                    "variant": variant,
-                    "device": compiler.device,
-                    "target": os.path.basename(args.target),
-                    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-                    "versions": compiler.worker.versions(),
-                    "compile_s": round(time.perf_counter() - started, 1),
-                    **summarise(kernels(text)),
-                }
-                out.write(json.dumps(line) + "\n")
-                out.flush()
-                lines.append(line)
-                print(
-                    f"  {case_name} {variant}: {line['kernels']} kernels, "
-                    f"estimate {line['estimate_ms']:.2f} ms "
-                    f"(compiled in {line['compile_s']} s)",
-                    flush=True,
-                )
-                if args.keep_hlo:
-                    with gzip.open(os.path.join(args.output, f"{case_name}-{variant}.hlo.gz"), "xt") as hlo:
-                        hlo.write(text)
+        for case_name, variant in compilations:
+            started = time.perf_counter()
+            text = compiler.compile(case_name, variant)
+            line = {
+                "case": case_name,
+                "variant": variant,
+                "device": compiler.device,
+                "target": os.path.basename(args.target),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "versions": compiler.worker.versions(),
+                "compile_s": round(time.perf_counter() - started, 1),
+                **summarise(kernels(text)),
+            }
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+            lines.append(line)
+            print(
+                f"  {case_name} {variant}: {line['kernels']} kernels, "
+                f"estimate {line['estimate_ms']:.2f} ms "
+                f"(compiled in {line['compile_s']} s)",
+                flush=True,
+            )
+            if args.keep_hlo:
+                with gzip.open(os.path.join(args.output, f"{case_name}-{variant}.hlo.gz"), "xt") as hlo:
+                    hlo.write(text)
     report(lines)
     return 0
 

@@ -282,12 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
     threads = len(os.sched_getaffinity(0))
-    lines = []
+    lines, workers = [], {}
     with cuda_paths():
         for case_name in args.cases:
             case = lookup_case(case_name, args.tiny)
             for competitor in args.competitors:
-                runner, _ = COMPETITORS[competitor](competitor, threads, 1, "torch").runner(case, False)
+                if competitor not in workers:
+                    workers[competitor] = COMPETITORS[competitor](competitor, threads, 1, "torch")
+                runner, _ = workers[competitor].runner(case, False)
                 line = {"case": case.name, "competitor": competitor, "torch": torch.__version__}
                 line |= summarise(per_step(runner))
                 with open(os.path.join(args.output, "torch_kernels.jsonl"), "a") as file:

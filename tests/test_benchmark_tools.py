@@ -54,6 +54,24 @@ def test_gpu_hlo_refuses_bad_arguments_and_writes_over_nothing(tmp_path, argumen
 
 
 @pytest.mark.backend_free
+def test_torch_kernels_refuses_a_case_it_cannot_count(tmp_path):
+    """A case that is no model's training or inference (the chip's matmul) is refused by name before
+    any step runs: exit 2, the valid cases listed, nothing written."""
+    output = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(TORCH_KERNELS), "--output", str(output), "--cases", "matmul_bf16_8192"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "argument --cases: invalid choice: 'matmul_bf16_8192' (choose from" in result.stderr
+    assert "train_b16_bf16_bs64" in result.stderr
+    assert not output.exists()
+
+
+@pytest.mark.backend_free
 def test_torch_kernels_counts_the_same_products_for_keras_vit_and_timm(tmp_path):
     """`torch_kernels.py` on the test-size ViT (2 blocks): keras_vit's PyTorch step and timm's launch the
     same matrix products (one per product, views not counted) and flash attention once per block and
