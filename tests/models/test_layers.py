@@ -466,6 +466,7 @@ def _model_results(model, images, monkeypatch, fast: bool, training: bool) -> tu
     return results, len(ran)
 
 
+_DRAWS = 4  # random weights and images per case: one draw's error ratio is a wide sample (`helpers.rounding`)
 _MODEL_CASES = {  # name: (dtype policy, ViTConfig fields, ViT arguments, LoRA rank)
     "float32": ("float32", {}, {}, 0),
     "bfloat16": ("mixed_bfloat16", {}, {}, 0),
@@ -495,25 +496,31 @@ def _lora_model(policy: str, config: ViTConfig, arguments: dict, lora_rank: int)
 def test_eager_torch_model_equals_the_functional_graph(rng, monkeypatch):
     """On PyTorch a `ViT` whose blocks are plain runs `eager_torch.model_call` (no Keras layer call per
     layer): its outputs and the gradients of every weight are the functional graph's within rounding,
-    training and not, across dtype policies, poolings, heads, uint8 input and LoRA (`_MODEL_CASES`)."""
+    training and not, across dtype policies, poolings, heads, uint8 input and LoRA (`_MODEL_CASES`),
+    each over 4 draws of random weights and images (`helpers.rounding`)."""
     config = ViTConfig("tiny", patch_size=8, hidden_size=24, depth=2, num_heads=3, mlp_dim=48, image_size=16)
     for case, (policy, fields, arguments, lora_rank) in _MODEL_CASES.items():
         exact_model = _lora_model("float64", config.replace(**fields), arguments, lora_rank)
         model = _lora_model(policy, config.replace(**fields), arguments, lora_rank)
-        _randomize(model, rng, scale=0.5)
-        exact_model.set_weights(model.get_weights())
-        shape = (2, 16, 16, 3)
-        if model.image_dtype == "uint8":
-            images = torch.tensor(rng.integers(0, 256, shape, dtype="uint8"))
-        else:
-            images = torch.tensor(rng.normal(0, 1, shape).astype("float32"))
-        for training in (False, True):
-            fast, calls = _model_results(model, images, monkeypatch, fast=True, training=training)
-            graph, _ = _model_results(model, images, monkeypatch, fast=False, training=training)
+        draws = {training: ([], [], []) for training in (False, True)}  # fast, graph, exact
+        for _ in range(_DRAWS):
+            _randomize(model, rng, scale=0.5)
+            exact_model.set_weights(model.get_weights())
+            shape = (2, 16, 16, 3)
+            if model.image_dtype == "uint8":
+                images = torch.tensor(rng.integers(0, 256, shape, dtype="uint8"))
+            else:
+                images = torch.tensor(rng.normal(0, 1, shape).astype("float32"))
             exact_images = images if model.image_dtype == "uint8" else images.double()
-            exact, _ = _model_results(exact_model, exact_images, monkeypatch, fast=False, training=training)
-            assert calls == 1, (case, training)
-            assert not accuracy_failures(fast, graph, exact), (case, training)
+            for training, (fast, graph, exact) in draws.items():
+                results, calls = _model_results(model, images, monkeypatch, fast=True, training=training)
+                assert calls == 1, (case, training)
+                fast.append(results)
+                graph.append(_model_results(model, images, monkeypatch, fast=False, training=training)[0])
+                exact_results = _model_results(exact_model, exact_images, monkeypatch, False, training)
+                exact.append(exact_results[0])
+        for training, results in draws.items():
+            assert not accuracy_failures(*results), (case, training)
 
 
 @_TORCH_ONLY
