@@ -24,6 +24,8 @@ import time
 import numpy as np
 from machine import cpu_model
 
+from keras_vit.utils.files import open_for_writing, refuse_link
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "export_formats.json"),
     )
     args = parser.parse_args(argv)
+    refuse_link(args.output)  # before the run, not after it
 
     import keras
     import onnxruntime
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as file:
+    with open_for_writing(args.output, "w", encoding="utf-8") as file:
         json.dump(report, file, indent=2)
     print(json.dumps(report, indent=2))
     return 0

@@ -51,6 +51,8 @@ from cases import GPU_CASES, GPU_COMPETITORS, GPU_PARTS, PART_BUDGET, gpu_plan, 
 from machine import cpu_model
 from run import Worker, WorkerError
 
+from keras_vit.utils.files import open_for_writing, refuse_link
+
 # Relative time shares of the competitors (of the time left when each one's turn comes).
 SHARES = {
     "keras_vit_jax": 7,
@@ -110,7 +112,7 @@ class GpuRun:
     def __init__(self, args: argparse.Namespace, machine: dict, command: str):
         self.args = args
         self.log_dir = tempfile.mkdtemp(prefix="keras_vit_gpu_logs_")
-        self.lines = open(os.path.join(args.output, "gpu_results.jsonl"), "a")
+        self.lines = open_for_writing(os.path.join(args.output, "gpu_results.jsonl"), "a")
         self.event({"event": "start", "machine": machine, "command": command, "part": args.part})
         self.results: list[dict] = []
         self.versions: dict[str, dict] = {}
@@ -343,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         os.path.dirname(os.path.abspath(__file__)), "results", f"gpu-{started:%Y%m%d-%H%M}"
     )
     os.makedirs(args.output, exist_ok=True)
+    refuse_link(os.path.join(args.output, "gpu_results.json"))  # before the run, not after it
     machine = {**gpu_info(), "cpus": os.cpu_count(), "python": platform.python_version()}
     command = shlex.join(["python", "benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)])
     print(
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         "logs": {family: log_summary(path) for family, path in run.logs.items()},
     }
     record["summary"] = summarise(run.results)
-    with open(os.path.join(args.output, "gpu_results.json"), "w") as file:
+    with open_for_writing(os.path.join(args.output, "gpu_results.json"), "w") as file:
         json.dump(record, file, indent=1)
     print()
     print(table(record))

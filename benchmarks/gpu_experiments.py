@@ -86,6 +86,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 from cases import GPU_CASES, lookup_case  # noqa: E402
 from worker import KerasWorker, fit_runner, random_batch, timed  # noqa: E402
 
+from keras_vit.utils.files import open_for_writing  # noqa: E402
+
 TRAIN_VARIANTS = ("stock", "pos_matmul", "pad_once", "ln_one_pass", "heads_major", "plain")
 INFER_VARIANTS = ("stock", "split_qkv", "ln_one_pass", "heads_major", "plain", "fused_padded")
 VARIANTS = (
@@ -418,7 +420,7 @@ class Experiments:
         self.worker = KerasWorker("keras_vit", os.cpu_count(), 1, "jax")
         self.jax, self.keras = self.worker.jax, self.worker.keras
         self.start = time.monotonic()
-        self.lines = open(os.path.join(args.output, "gpu_experiments.jsonl"), "a")
+        self.lines = open_for_writing(os.path.join(args.output, "gpu_experiments.jsonl"), "a")
         self.reference: dict[str, dict] = {}  # case -> stock weights, loss, logits
         self.write(
             {
@@ -662,7 +664,7 @@ def check(args) -> int:
     print(f"largest relative difference: {worst:.2e} ({'ok' if worst < args.tolerance else 'TOO LARGE'})")
     if args.output:
         os.makedirs(args.output, exist_ok=True)
-        with open(os.path.join(args.output, "cpu_check.json"), "w") as file:
+        with open_for_writing(os.path.join(args.output, "cpu_check.json"), "w") as file:
             json.dump({"rows": rows, "largest": worst, "tolerance": args.tolerance}, file, indent=1)
     return 0 if worst < args.tolerance else 1
 

@@ -48,6 +48,8 @@ from cases import GPU_CASES  # noqa: E402
 from gpu_experiments import VARIANTS as KNOWN_VARIANTS  # noqa: E402
 from h200 import ATTENTION_BACKWARD_FLOPS, ATTENTION_RATE, BANDWIDTH, MATMUL_RATE  # noqa: E402
 
+from keras_vit.utils.files import open_for_writing  # noqa: E402
+
 CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256")
 # gpu_experiments.py's variants but heads_major, whose cuDNN branch asks JAX for this machine's backend
 VARIANTS = {
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.output, exist_ok=True)
     compiler = Compiler(args.target)
     lines = []
-    with open(os.path.join(args.output, "gpu_hlo.jsonl"), "a") as out:
+    with open_for_writing(os.path.join(args.output, "gpu_hlo.jsonl"), "a") as out:
         for case_name, variant in compilations:
             started = time.perf_counter()
             text = compiler.compile(case_name, variant)

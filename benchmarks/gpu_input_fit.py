@@ -38,6 +38,8 @@ from input import make_folder  # noqa: E402
 from machine import lscpu  # noqa: E402
 from worker import KerasWorker  # noqa: E402
 
+from keras_vit.utils.files import open_for_writing  # noqa: E402
+
 
 def timed_fit(model, data, steps: int, warmup: int) -> float:
     """Seconds of `fit` from the start of step `warmup` to the end (the last loss fetched)."""
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def record(**line) -> None:
         print(json.dumps(line), flush=True)
-        with open(results, "a") as file:
+        with open_for_writing(results, "a") as file:
             file.write(json.dumps(line) + "\n")
 
     make_folder(args.folder, args.files)

@@ -40,6 +40,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 from cases import lookup_case  # noqa: E402
 from worker import LEARNING_RATE, WEIGHT_DECAY, KerasWorker, Runner, fit_runner, random_batch, timed  # noqa: E402
 
+from keras_vit.utils.files import open_for_writing, refuse_link  # noqa: E402
+
 KINDS = (
     ("attention", re.compile(r"fmha|flash|attention|cudnn|sdpa", re.I)),
     ("matmul", re.compile(r"gemm|cublas|cutlass|nvjet|matmul|dot|xmma|sm90", re.I)),
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args(argv)
     os.makedirs(args.output, exist_ok=True)
+    refuse_link(os.path.join(args.output, "gpu_profile.json"))  # before the run, not after it
     worker = KerasWorker("keras_vit", os.cpu_count(), 1, "jax")
     jax, keras = worker.jax, worker.keras
     import optax
@@ -178,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     with jax.profiler.trace(trace_dir):
         run_fit(TRACED_STEPS)
     record["kernels"] = kernel_times(trace_dir, TRACED_STEPS)
-    with open(os.path.join(args.output, "gpu_profile.json"), "w") as file:
+    with open_for_writing(os.path.join(args.output, "gpu_profile.json"), "w") as file:
         json.dump(record, file, indent=1)
     print(json.dumps({key: record[key] for key in ("ms_per_step", "breakdown_ms")}, indent=1))
     kernels = record["kernels"]

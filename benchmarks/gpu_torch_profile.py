@@ -30,6 +30,8 @@ import torch  # noqa: E402, F401  - before TensorFlow could ever be imported (ke
 from cases import lookup_case  # noqa: E402
 from worker import KerasWorker, TimmWorker  # noqa: E402
 
+from keras_vit.utils.files import open_for_writing  # noqa: E402
+
 TOP = 15
 COMPETITORS = {  # name: (worker class, framework, jit)
     "keras_vit": (KerasWorker, "keras_vit", False),
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             runner, _ = workers[framework].runner(case, jit)
             line = {"case": case.name, "competitor": competitor}
             line |= profile_runner(runner, case.batch, args.warmup, args.steps)
-            with open(os.path.join(args.output, "torch_profile.jsonl"), "a") as file:
+            with open_for_writing(os.path.join(args.output, "torch_profile.jsonl"), "a") as file:
                 file.write(json.dumps(line) + "\n")
             print(json.dumps({key: value for key, value in line.items() if key != "top"}), flush=True)
             for name, milliseconds in line["top"]:

@@ -33,6 +33,8 @@ import time
 
 from machine import lscpu
 
+from keras_vit.utils.files import open_for_writing, refuse_link
+
 BATCH, SIZE, CLASSES = 64, 224, 10
 # keras_vit's batches: `--pixels uint8` (default) as the training driver reads them (uint8, normalised
 # and mixed on the device), `float32` as `train_pipeline`'s default (normalised and mixed on the host).
@@ -217,6 +219,8 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one reader here and print its JSON
     args = parser.parse_args()
+    if args.out:
+        refuse_link(args.out)  # before the run, not after it
     if args.one:
         print(json.dumps(measure(args.one, args.folder, args.workers[0], args.batches)))
         return
@@ -269,7 +273,7 @@ def main() -> None:
         "mixup": args.mixup,
     }
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
+        with open_for_writing(args.out, "w", encoding="utf-8") as file:
             json.dump(record, file, indent=1)
 
 

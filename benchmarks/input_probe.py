@@ -37,6 +37,8 @@ import sys
 import tempfile
 import time
 
+from keras_vit.utils.files import open_for_writing
+
 SIZE = 224
 PIPELINES = ("grain_draft", "timm", "grain", "pool", "grain_threads")
 
@@ -186,7 +188,7 @@ def probe(args) -> None:
     except ImportError:
         pass
     folder, paths = make_folder(args.images)
-    lines = open(os.path.join(args.output, "input_probe.jsonl"), "a")
+    lines = open_for_writing(os.path.join(args.output, "input_probe.jsonl"), "a")
 
     def write(entry):
         lines.write(json.dumps(entry) + "\n")

@@ -25,6 +25,8 @@ import time
 
 from machine import isa_flags
 
+from keras_vit.utils.files import open_for_writing, refuse_link
+
 CLASSES = (
     "matmul",
     "layer norm",
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--output", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
+    if args.output:
+        refuse_link(args.output)  # before the run, not after it
     from keras_vit.utils.environment import enable_onednn, machine, versions
 
     enable_onednn()
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     timings = (f"{r['wall_seconds_per_step']:.3f} ({r['op_seconds_per_step']:.3f})" for r in results)
     print("| wall s/step (op s/step) | " + " | ".join(timings) + " |")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as file:
+        with open_for_writing(args.output, "w", encoding="utf-8") as file:
             json.dump(record, file, indent=2)
 
 

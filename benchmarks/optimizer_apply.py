@@ -24,6 +24,8 @@ import torch  # noqa: E402 - PyTorch before Keras (never TensorFlow in this proc
 from machine import isa_flags, lscpu  # noqa: E402
 from torch_overhead import HEADS, IMAGE, MLP, WIDTH  # noqa: E402 - its model
 
+from keras_vit.utils.files import open_for_writing, refuse_link  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -31,6 +33,8 @@ def main() -> None:
     parser.add_argument("--applies", type=int, default=30)
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.out:
+        refuse_link(args.out)  # before the run, not after it
     torch.set_num_threads(1)
     import keras
 
@@ -71,7 +75,7 @@ def main() -> None:
     }
     print(json.dumps(record, indent=1))
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
+        with open_for_writing(args.out, "w", encoding="utf-8") as file:
             json.dump(record, file, indent=1)
 
 

@@ -40,6 +40,8 @@ import time
 
 from machine import busy_seconds, cpu_model
 
+from keras_vit.utils.files import open_for_writing, refuse_link
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("float32", "int8", "int8_weight_only", "int4", "float8")
 
@@ -208,11 +210,12 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = cpu_model()
     print(f"CPU: {cpu} ({os.cpu_count()} CPUs), Keras {keras.__version__} on {keras.backend.backend()}")
-    results = {variant: run_variant(variant, args) for variant in args.variants}
     machine = f"{re.sub(r'[^a-z0-9]+', '-', cpu.lower()).strip('-')}-{os.cpu_count()}cpu"
     output = args.output or os.path.join(
         HERE, "results", f"quantization-{machine}{'-quick' if args.quick else ''}.json"
     )
+    refuse_link(output)  # before the run, not after it
+    results = {variant: run_variant(variant, args) for variant in args.variants}
     backend_versions = {"keras": keras.__version__, "backend": keras.backend.backend()}
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w") as file:
+    with open_for_writing(output, "w") as file:
         json.dump(report, file, indent=1)
     print()
     print(table(results, args.batch_size))

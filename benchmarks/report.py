@@ -17,6 +17,8 @@ import sys
 
 from cases import CASES, COMPETITORS, MODEL_PEERS
 
+from keras_vit.utils.files import open_for_writing
+
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
 KERAS_VIT_FAMILIES = ("keras_vit", "keras_vit_jax", "keras_vit_torch")  # TensorFlow, JAX, PyTorch
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         except MarkersError as error:
             print(f"error: {args.readme}: {error}", file=sys.stderr)
             return 1
-        with open(args.readme, "w") as file:
+        with open_for_writing(args.readme, "w") as file:
             file.write(updated)
         print(f"updated {args.readme}")
     return 0

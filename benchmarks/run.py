@@ -56,6 +56,8 @@ import time
 from cases import CASES, COMPETITORS, MATMUL_SIZE, XLA_COMPETITORS, Case, Competitor
 from machine import busy_seconds, cpu_model, isa_flags
 
+from keras_vit.utils.files import open_for_writing, refuse_link
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # --quick: every kind of case and every worker, on the smallest models available.
@@ -164,7 +166,7 @@ class Worker:
     ):
         name = f"{framework}-{backend}-{logical_cpus}cpu-{time.monotonic_ns()}.log"
         self.log_path = os.path.join(log_dir, name)
-        self.log = open(self.log_path, "w")
+        self.log = open_for_writing(self.log_path, "w")
         # KERAS_BACKEND picks the Keras workers' backend before they import keras (timm's: torch).
         # TensorFlow's oneDNN kernels on unless the caller says otherwise: keras_vit's default (the
         # `keras-vit` command, `keras_vit.enable_onednn()`), and keras_hub's faster setting too.
@@ -569,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = selected(args)
     machine = args.machine or machine_slug()
     output = args.output or os.path.join(HERE, "results", f"{machine}{'-quick' if args.quick else ''}.json")
+    refuse_link(output)  # before the run, not after it
     log_dir = tempfile.mkdtemp(prefix="keras_vit_bench_logs_")
     started = datetime.datetime.now(datetime.timezone.utc)
     print(
@@ -612,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w") as file:
+    with open_for_writing(output, "w") as file:
         json.dump(record, file, indent=1)
     print(f"\nresults: {output} ({record['duration_s'] / 60:.1f} min)")
     return 0

@@ -54,6 +54,8 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 from torch.utils.flop_counter import flop_registry  # noqa: E402
 from worker import KerasWorker, TimmWorker  # noqa: E402
 
+from keras_vit.utils.files import open_for_writing  # noqa: E402
+
 COMPETITORS = {"keras_vit": KerasWorker, "timm": TimmWorker}
 CASES = ("train_b16_bf16_bs64", "infer_b16_bf16_bs256")
 KERNEL_FLOOR_S = 2e-6  # the shortest kernel on an H200: launch and tail (the 2026-11-28 profiles)
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 runner, _ = workers[competitor].runner(case, False)
                 line = {"case": case.name, "competitor": competitor, "torch": torch.__version__}
                 line |= summarise(per_step(runner))
-                with open(os.path.join(args.output, "torch_kernels.jsonl"), "a") as file:
+                with open_for_writing(os.path.join(args.output, "torch_kernels.jsonl"), "a") as file:
                     file.write(json.dumps(line) + "\n")
                 lines.append(line)
                 print(

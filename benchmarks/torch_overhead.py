@@ -38,6 +38,8 @@ import types
 
 from machine import isa_flags, lscpu
 
+from keras_vit.utils.files import open_for_writing, refuse_link
+
 WIDTH, DEPTH, HEADS, MLP, PATCH, IMAGE, BATCH, CLASSES = 32, 12, 2, 64, 16, 32, 2, 10
 COMPETITORS = ("keras_vit", "keras_vit_adamw", "keras_vit_keras_step", "keras_vit_compiled", "timm")
 TRAINING_ONLY = ("keras_vit_adamw", "keras_vit_keras_step")
@@ -143,6 +145,8 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # COMPETITOR CASE, here; prints seconds
     args = parser.parse_args()
+    if args.out:
+        refuse_link(args.out)  # before the run, not after it
     if args.one:
         competitor, case = args.one
         if competitor == "timm":
@@ -187,7 +191,7 @@ def main() -> None:
         "python": platform.python_version(),
     }
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as file:
+        with open_for_writing(args.out, "w", encoding="utf-8") as file:
             json.dump(record, file, indent=1)
 
 

@@ -100,3 +100,44 @@ def test_torch_kernels_counts_the_same_products_for_keras_vit_and_timm(tmp_path)
         assert keras_vit["layer norm"]["kernels"] == timm["layer norm"]["kernels"] == 5 * passes
         updates = "optimizer (multi-tensor)"
         assert (updates in keras_vit) == (updates in timm) == (kind == "train"), kind
+
+
+@pytest.mark.backend_free
+def test_benchmarks_write_files_only_through_open_for_writing():
+    """Every file a benchmark script writes (results, logs, READMEs) is opened by
+    `keras_vit.utils.files.open_for_writing`, never by `open` in a writing mode: a link planted at a
+    result's name (e.g. a shared results folder's `gpu_results.jsonl`) is refused instead of written
+    through."""
+    import ast
+
+    writers = []
+    for script in sorted((REPO / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text(), str(script))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                modes = [*node.args[1:2], *(k.value for k in node.keywords if k.arg == "mode")]
+                mode = modes[0].value if modes and isinstance(modes[0], ast.Constant) else "r"
+                if set(mode) & set("wax+"):
+                    writers.append(f"{script.relative_to(REPO)}:{node.lineno} open(..., {mode!r})")
+    assert not writers, writers
+
+
+@pytest.mark.backend_free
+@pytest.mark.parametrize(
+    "script, option",
+    [("run.py", "--output"), ("torch_overhead.py", "--out"), ("quantization.py", "--output"),
+     ("export_formats.py", "--output"), ("optimizer_apply.py", "--out")],
+)  # fmt: skip
+def test_benchmarks_refuse_a_link_at_their_output_before_running(tmp_path, script, option):
+    """A link planted at a results file's name is refused before the measurements start (not after an
+    hour of them), and what it points to is left as it was."""
+    precious = tmp_path / "precious.json"
+    precious.write_text("the user's")
+    (tmp_path / "results.json").symlink_to(precious)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), option, str(tmp_path / "results.json")],
+        capture_output=True, text=True, env=subprocess_env(), timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "results.json is a symbolic link" in done.stderr.splitlines()[-1], done.stderr[-2000:]
+    assert "Remove it" in done.stderr.splitlines()[-1]
+    assert precious.read_text() == "the user's"

@@ -32,6 +32,7 @@ from helpers.rounding import accuracy_failures, mean_errors, relative_errors  # 
 from keras_vit.models import eager_torch  # noqa: E402
 from keras_vit.models.vit import ViT  # noqa: E402
 from keras_vit.registry.variants import model_config  # noqa: E402
+from keras_vit.utils.files import open_for_writing, refuse_link  # noqa: E402
 
 
 def _results(model: ViT, images: torch.Tensor, training: bool, fast: bool) -> dict:
@@ -69,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="a test-size model (a CPU rehearsal)")
     parser.add_argument("--output", help="a folder for eager_torch_check.jsonl")
     args = parser.parse_args(argv)
+    if args.output:
+        refuse_link(os.path.join(args.output, "eager_torch_check.jsonl"))  # before the run, not after it
     sizes = dict(hidden_size=64, num_heads=2, mlp_dim=128, image_size=32) if args.tiny else {}
     lines = []
     for policy in ("float32", "mixed_bfloat16"):
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             })  # fmt: skip
             print(json.dumps(lines[-1]), flush=True)
     if args.output:
-        with open(os.path.join(args.output, "eager_torch_check.jsonl"), "w") as file:
+        with open_for_writing(os.path.join(args.output, "eager_torch_check.jsonl"), "w") as file:
             file.writelines(json.dumps(line) + "\n" for line in lines)
     return 1 if any(line["failures"] for line in lines) else 0
 

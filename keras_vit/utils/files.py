@@ -67,10 +67,14 @@ def refuse_link(path: str | os.PathLike) -> None:
 
 
 def open_for_writing(path: str | os.PathLike, mode: str = "w", **kwargs):
-    """`open(path, mode)` for a file of the writer's own: refused (`refuse_link`) when a link is there,
-    and opened without following one (`O_NOFOLLOW`) where the system has it."""
+    """`open(path, mode)` for a file of the writer's own, `mode` "w" or "a" (text or "b"): refused
+    (`refuse_link`) when a link is there, and opened without following one (`O_NOFOLLOW`) where the
+    system has it."""
+    if mode.replace("b", "") not in ("w", "a"):
+        raise ValueError(f"open_for_writing writes ('w') or appends ('a'), not mode {mode!r}.")
     refuse_link(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    ending = os.O_APPEND if "a" in mode else os.O_TRUNC
+    flags = os.O_WRONLY | os.O_CREAT | ending | getattr(os, "O_NOFOLLOW", 0)
     return open(os.open(path, flags, 0o666), mode, **kwargs)
 
 

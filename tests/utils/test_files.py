@@ -33,6 +33,7 @@ from keras_vit.utils.files import (
     RunInUseError,
     RunLock,
     json_sha256,
+    open_for_writing,
     refuse_overlap,
     replace_file,
     write_owned,
@@ -207,6 +208,33 @@ def test_run_lock_never_writes_through_a_planted_link(tmp_path):
     with pytest.raises(FileExistsError, match=r"has other names \(hard links\)"):
         RunLock(folder).acquire()
     assert precious.read_text() == "the user's"
+
+
+def test_open_for_writing_writes_or_appends_and_never_through_a_link(tmp_path):
+    """ "w" replaces the file's text, "a" appends to it; a symbolic or hard link at the name is refused
+    before anything is written (what it points to is left as it was); other modes are refused."""
+    path = tmp_path / "results.jsonl"
+    for mode, text, expected in [("w", "1\n", "1\n"), ("a", "2\n", "1\n2\n"), ("w", "3\n", "3\n")]:
+        with open_for_writing(path, mode) as file:
+            file.write(text)
+        assert path.read_text() == expected
+    with open_for_writing(tmp_path / "new.bin", "ab") as file:
+        file.write(b"\x00")
+    assert (tmp_path / "new.bin").read_bytes() == b"\x00"
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    path.unlink()
+    path.symlink_to(precious)
+    for mode in ("w", "a"):
+        with pytest.raises(FileExistsError, match=r"jsonl is a symbolic link \(to .*precious\.txt\)"):
+            open_for_writing(path, mode)
+    path.unlink()
+    os.link(precious, path)
+    with pytest.raises(FileExistsError, match=r"a hard link \(2 names for one file\)"):
+        open_for_writing(path, "a")
+    assert precious.read_text() == "the user's"
+    with pytest.raises(ValueError, match="writes \\('w'\\) or appends \\('a'\\), not mode 'r\\+'"):
+        open_for_writing(tmp_path / "other", "r+")
 
 
 def test_training_refuses_a_locked_run_folder(tmp_path):
