@@ -17,7 +17,8 @@ Each variant is the stock model (`keras_vit.create_model`, random weights, the G
   `(heads, head_dim)` straight from it. Off a GPU (or in float32) the same layout runs softmax(q kᵀ) v
   as einsums with float32 softmax statistics, which is what `--check` compares on a CPU.
 * `split_qkv`: every `MultiHeadSelfAttention` swapped for `SplitProjectionAttention` below: q, k and v
-  each by a matrix product of its own, each output `(batch, tokens, heads, head_dim)` as it is laid out,
+  each by a matrix product of its own (not merged by XLA: each takes the tokens through an
+  `optimization_barrier` output of its own), each output `(batch, tokens, heads, head_dim)` as it is laid out,
   where the stock layer makes one product of the concatenated kernels and cuts q, k and v out of it:
   cuts that are strided, so XLA copies them for cuDNN (`loop_slice_fusion`, 1.35 ms of a 20.8 ms B/16
   inference call at batch 256 on the H200, 2026-11-28, session 17). Three narrower products instead
@@ -39,6 +40,8 @@ Each variant is the stock model (`keras_vit.create_model`, random weights, the G
   statistics E[x] and E[x²] from one reduction instead of the mean and then the variance about it, one
   read of the tokens less per LayerNorm (`gpu_hlo.py`: 0.49 ms of an estimated 18.6 ms B/16 inference
   call, 0.25 ms of an 18.0 ms training step; XLA's reductions ran at half the bandwidth it assumes).
+* `split_ln` (inference): `split_qkv` and `ln_one_pass` together, what would move into the package if
+  both win (`gpu_hlo.py`: B/16 at batch 256 18.59 -> 16.71 ms, at 384 px and batch 64 16.23 -> 14.86).
 
 (`erf_gelu`, the exact GELU through erf in float32, was a variant here until it became keras_vit's
 GELU on JAX, `layers._erf_gelu`: +11.7% B/16 inference, +2.9% training on the H200.)
@@ -89,13 +92,14 @@ from worker import KerasWorker, fit_runner, random_batch, timed  # noqa: E402
 from keras_vit.utils.files import open_for_writing  # noqa: E402
 
 TRAIN_VARIANTS = ("stock", "pos_matmul", "pad_once", "ln_one_pass", "heads_major", "plain")
-INFER_VARIANTS = ("stock", "split_qkv", "ln_one_pass", "heads_major", "plain", "fused_padded")
+INFER_VARIANTS = ("stock", "split_qkv", "ln_one_pass", "split_ln", "heads_major", "plain", "fused_padded")
 VARIANTS = (
     "stock",
     "pos_matmul",
     "pad_once",
     "split_qkv",
     "ln_one_pass",
+    "split_ln",
     "heads_major",
     "plain",
     "fused",
@@ -196,6 +200,7 @@ def heads_major_class():
 def split_projection_class():
     """`SplitProjectionAttention`, a subclass of keras_vit's public `MultiHeadSelfAttention` (made on
     first use, as `heads_major_class`)."""
+    import jax
     from keras import ops
 
     import keras_vit
@@ -203,7 +208,11 @@ def split_projection_class():
 
     class SplitProjectionAttention(keras_vit.MultiHeadSelfAttention):
         """The same weights and values; q, k and v each `(batch, tokens, heads, head_dim)` from a matrix
-        product of its own instead of cut out of one product of the concatenated kernels."""
+        product of its own instead of cut out of one product of the concatenated kernels. Each product
+        takes the tokens through an `optimization_barrier` output of its own: products that share an
+        operand XLA merges into one (k and v at 384 px), which then cannot add the biases in cuBLASLt's
+        epilogue, a pass of its own over k and v (`gpu_hlo.py`: 0.68 ms of a B/16 384 px call at batch
+        64). The barrier costs nothing at run time (no copy)."""
 
         def call(self, tokens, training=None, return_attention_scores: bool = False):
             if return_attention_scores or self._runs_sublayers() or (training and self.dropout):
@@ -214,13 +223,16 @@ def split_projection_class():
             width, heads = self.hidden_size, self.num_heads
             scale = ops.cast(1.0 / np.sqrt(self.head_dim), self.compute_dtype)
             rows = ops.reshape(tokens, (-1, width))
+            pairs = ((self.query_dense, scale), (self.key_dense, 1), (self.value_dense, 1))
             query, key, value = (
                 ops.reshape(
-                    ops.matmul(rows, ops.reshape(dense.kernel, (width, width)) * factor)
+                    ops.matmul(own_rows, ops.reshape(dense.kernel, (width, width)) * factor)
                     + ops.reshape(dense.bias, (width,)) * factor,
                     (batch, length, heads, self.head_dim),
                 )
-                for dense, factor in ((self.query_dense, scale), (self.key_dense, 1), (self.value_dense, 1))
+                for own_rows, (dense, factor) in zip(
+                    jax.lax.optimization_barrier((rows, rows, rows)), pairs, strict=True
+                )
             )
             implementation = choose_attention(
                 self.attention_implementation, self.compute_dtype, bool(training), self.head_dim
@@ -376,6 +388,10 @@ VARIANT_CLASSES = {
     "pos_matmul": lambda model: {"PositionEmbedding": position_matmul_class()},
     "pad_once": lambda model: pad_once_classes(model.get_layer("pos_embed").num_tokens),
     "ln_one_pass": lambda model: {"LayerNormalization": one_pass_layer_norm_class()},
+    "split_ln": lambda model: {
+        "MultiHeadSelfAttention": split_projection_class(),
+        "LayerNormalization": one_pass_layer_norm_class(),
+    },
 }
 
 

@@ -20,16 +20,17 @@
 # second (TOTAL=360 s): XLA flags on the stock ViT-B/16 training step (one process per flag set, 55 s
 #   each), then ViT-S/16 bf16 training (batch 128): keras_vit JAX (variants: $S16_VARIANTS, default
 #   stock), timm eager, timm + torch.compile with fused and with foreach AdamW.
-# third (TOTAL=335 s): the JAX variants gpu_hlo.py found without a GPU (2026-11-29), profiled, against
+# third (TOTAL=420 s): the JAX variants gpu_hlo.py found without a GPU (2026-11-29), profiled, against
 #   stock: ViT-B/16 bf16 training (batch 64): `pos_matmul` (the position embedding's gradient as a matrix
 #   product: no batch-minor residual stream, no transposes) and `pad_once` (also 198 tokens padded once
 #   for cuDNN instead of 256 in every block); inference (batch 256): `split_qkv` (q, k, v by products of
-#   their own, no strided cuts to copy); both: `ln_one_pass` (LayerNorm statistics from one reduction)
-#   (150 s); then ViT-S/16 (128) and L/16 (32) training, stock
-#   against `pad_once`, unprofiled (110 s); then timm + torch.compile with fused AdamW (training) and
-#   timm + torch.compile (inference) on ViT-B/16, the ratios' reference in the same call (95 s). The
+#   their own, no strided cuts to copy) and `split_ln` (with `ln_one_pass` too); both: `ln_one_pass`
+#   (LayerNorm statistics from one reduction) (160 s); then ViT-S/16 (128) and L/16 (32) training, stock
+#   against `pad_once`, unprofiled (110 s); then B/16 384 px inference (64), stock against `split_qkv` and
+#   `split_ln`, unprofiled (60 s); then timm + torch.compile with fused AdamW (training) and timm +
+#   torch.compile (inference) on those B/16 cases, the ratios' reference in the same call (125 s). The
 #   shares add up to more than TOTAL: by the 2026-11-28 H200 runs' times per variant the first stage
-#   needs about 115 s of its 150, and each stage gets at most what is left.
+#   needs about 125 s of its 160, and each stage gets at most what is left.
 # fourth (TOTAL=330 s): benchmarks/gpu_torch_profile.py: keras_vit's PyTorch steps, eager and with
 #   `jit_compile=True`, beside timm eager's, on the same two cases: kernel tables, host time and the
 #   host-device synchronisations (270 s with the compiles); then eager_torch_check.py (40 s).
@@ -100,15 +101,17 @@ if [[ "$STAGE" == "first" ]]; then
     stage input_probe $((LIMIT + 5)) "$PYTHON" benchmarks/input_probe.py --output "$RESULTS" \
         --deadline "$LIMIT" --seconds 2.5 $([[ ${#TINY[@]} -gt 0 ]] && echo "--images 100 --workers 1 2")
 elif [[ "$STAGE" == "third" ]]; then
-    TOTAL=${TOTAL:-335}
+    TOTAL=${TOTAL:-420}
     B16=(train_b16_bf16_bs64 infer_b16_bf16_bs256)
-    stage experiments 150 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --matmul --profile \
-        --deadline 145 --reserve 20 --cases "${B16[@]}" --variants pos_matmul pad_once split_qkv ln_one_pass \
-        "${TINY[@]}"
+    stage experiments 160 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --matmul --profile \
+        --deadline 155 --reserve 20 --cases "${B16[@]}" \
+        --variants pos_matmul pad_once split_qkv ln_one_pass split_ln "${TINY[@]}"
     stage experiments_s16_l16 110 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --deadline 105 \
         --reserve 20 --cases train_s16_bf16_bs128 train_l16_bf16_bs32 --variants pad_once "${TINY[@]}"
-    stage timm_compiled 95 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_compiled" --budget 90 \
-        --cases "${B16[@]}" --competitors timm_compiled_fused timm_compiled "${TINY[@]}"
+    stage experiments_384 60 "$PYTHON" benchmarks/gpu_experiments.py --output "$RESULTS" --deadline 55 \
+        --reserve 15 --cases infer_b16_384_bf16_bs64 --variants split_qkv split_ln "${TINY[@]}"
+    stage timm_compiled 125 "$PYTHON" benchmarks/gpu.py --output "$RESULTS/timm_compiled" --budget 120 \
+        --cases "${B16[@]}" infer_b16_384_bf16_bs64 --competitors timm_compiled_fused timm_compiled "${TINY[@]}"
 elif [[ "$STAGE" == "fifth" ]]; then
     TOTAL=${TOTAL:-335}
     B16=(train_b16_bf16_bs64 infer_b16_bf16_bs256)
