@@ -389,8 +389,8 @@ VARIANT_CLASSES = {
     "pad_once": lambda model: pad_once_classes(model.get_layer("pos_embed").num_tokens),
     "ln_one_pass": lambda model: {"LayerNormalization": one_pass_layer_norm_class()},
     "split_ln": lambda model: {
-        "MultiHeadSelfAttention": split_projection_class(),
-        "LayerNormalization": one_pass_layer_norm_class(),
+        **VARIANT_CLASSES["split_qkv"](model),
+        **VARIANT_CLASSES["ln_one_pass"](model),
     },
 }
 
